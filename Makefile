@@ -1,0 +1,37 @@
+# Two commands do all the set-up: `make demo` and `make test`.
+# Each creates or reuses .venv and installs the pinned dependencies itself.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+.PHONY: test demo bench docs lint format clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(PIP) install -c constraints.txt -e '.[test]'
+	rm -f $(VENV)/.stamp-* && touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check shardloader tests benchmarks examples
+	$(BIN)/ruff format --check shardloader tests benchmarks examples
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/python -m shardloader demo
+
+bench: $(STAMP)
+	$(PIP) install -c constraints.txt -e '.[bench]'
+	$(BIN)/python -m benchmarks.run
+
+format: $(STAMP)
+	$(BIN)/ruff format shardloader tests benchmarks examples
+	$(BIN)/ruff check --fix shardloader tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache site

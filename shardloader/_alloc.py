@@ -1,0 +1,76 @@
+"""Where batchify functions get their output buffers, and what they return.
+
+Batchify functions never know about shared memory. They ask :func:`empty` for an output
+buffer and hand the filled numpy array to :func:`to_output`. By default that allocates with
+``np.empty`` and returns an ``NDArray`` (the Gluon contract). Inside a worker process the
+transport installs an allocator that carves buffers out of a reusable shared-memory slot and
+asks for raw numpy results, so a batch is stacked straight into the memory the main process
+will read, with no further copy.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, Tuple
+
+import numpy as np
+
+Allocator = Callable[[Tuple[int, ...], np.dtype], np.ndarray]
+
+_state = threading.local()
+
+
+def _default_empty(shape, dtype) -> np.ndarray:
+    return np.empty(shape, dtype=dtype)
+
+
+def empty(shape, dtype) -> np.ndarray:
+    """An uninitialised, C-contiguous output buffer from the current allocator."""
+    alloc = getattr(_state, "alloc", None) or _default_empty
+    return alloc(tuple(int(s) for s in shape), np.dtype(dtype))
+
+
+def to_output(array: np.ndarray):
+    """The batch form of ``array``: an ``NDArray`` wrapping it without a copy, or the numpy
+    array itself while a worker is collecting raw results."""
+    if getattr(_state, "raw", False):
+        return array
+    return as_ndarray(array)
+
+
+# dtypes that MXNet 1.9.1 adopts through DLPack without a copy.
+_ZERO_COPY_DTYPES = frozenset(["float16", "float32", "float64", "uint8", "int32", "int64"])
+
+
+def as_ndarray(array: np.ndarray):
+    """Wrap a numpy array as an ``mx.nd.NDArray`` on ``cpu(0)``, without a copy when the
+    dtype allows it."""
+    import mxnet as mx
+
+    array = np.asarray(array)
+    if array.ndim == 0:
+        # Legacy NDArrays have no 0-d shape; Gluon's nd.array gives (1,) too.
+        array = array.reshape(1)
+    if array.dtype.name not in _ZERO_COPY_DTYPES:
+        return mx.nd.array(array, dtype=array.dtype)
+    if not array.flags["C_CONTIGUOUS"]:
+        array = np.ascontiguousarray(array)
+    return mx.nd.from_numpy(array, zero_copy=True)
+
+
+def raw_mode() -> bool:
+    """Whether batchify output should stay numpy (inside a worker)."""
+    return getattr(_state, "raw", False)
+
+
+@contextmanager
+def allocating(alloc: Allocator, raw: bool = True) -> Iterator[None]:
+    """Install ``alloc`` (and raw numpy results) for the current thread."""
+    prev_alloc = getattr(_state, "alloc", None)
+    prev_raw = getattr(_state, "raw", False)
+    _state.alloc, _state.raw = alloc, raw
+    try:
+        yield
+    finally:
+        _state.alloc, _state.raw = prev_alloc, prev_raw

@@ -1,0 +1,67 @@
+"""Randomness as a pure function of ``(seed, epoch, ...)``.
+
+Every random choice shardloader makes (shuffles, bucket orders, per-sample seeds) comes from
+here, so it never depends on scheduling, worker count or pool type.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+
+
+def fresh_seed() -> int:
+    """A base seed for ``seed=None``: drawn from numpy's global RNG, like Gluon's shuffles,
+    so ``np.random.seed(...)`` before building a loader still makes it reproducible."""
+    return int(np.random.randint(0, 2**31 - 1))
+
+
+def epoch_rng(seed: int, epoch: int, *salt: int) -> np.random.Generator:
+    """A local generator for ``(seed, epoch, *salt)``; never touches global state."""
+    entropy = [int(seed) & _MASK64, int(epoch) & _MASK64] + [int(s) & _MASK64 for s in salt]
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def derive_seed(seed: int, epoch: int, index: int) -> int:
+    """A 31-bit seed for one sample (or worker): cheap, well mixed and stable."""
+    h = _splitmix64(int(seed) & _MASK64)
+    h = _splitmix64(h ^ (int(epoch) & _MASK64))
+    h = _splitmix64(h ^ (int(index) & _MASK64))
+    return h & 0x7FFFFFFF
+
+
+def seed_all(value: int) -> None:
+    """Seed Python's ``random``, numpy's global RNG and MXNet's RNG with ``value``."""
+    import mxnet as mx
+
+    random.seed(value)
+    np.random.seed(value)
+    mx.random.seed(value)
+
+
+class GlobalRNGState:
+    """Saves and restores the global RNG states, so inline seeding leaves the user's alone."""
+
+    def __init__(self) -> None:
+        self._py: Optional[object] = None
+        self._np: Optional[tuple] = None
+
+    def __enter__(self) -> GlobalRNGState:
+        self._py = random.getstate()
+        self._np = np.random.get_state()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        random.setstate(self._py)
+        np.random.set_state(self._np)
