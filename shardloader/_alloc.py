@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Callable, Iterator, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -35,6 +35,9 @@ def to_output(array: np.ndarray):
     """The batch form of ``array``: an ``NDArray`` wrapping it without a copy, or the numpy
     array itself while a worker is collecting raw results."""
     if getattr(_state, "raw", False):
+        promoted = getattr(_state, "promoted", None)
+        if promoted is not None:
+            promoted[id(array)] = array  # kept alive so the id stays unique
         return array
     return as_ndarray(array)
 
@@ -65,12 +68,18 @@ def raw_mode() -> bool:
 
 
 @contextmanager
-def allocating(alloc: Allocator, raw: bool = True) -> Iterator[None]:
-    """Install ``alloc`` (and raw numpy results) for the current thread."""
-    prev_alloc = getattr(_state, "alloc", None)
-    prev_raw = getattr(_state, "raw", False)
-    _state.alloc, _state.raw = alloc, raw
+def allocating(alloc: Allocator, raw: bool = True,
+               promoted: Optional[Dict[int, np.ndarray]] = None) -> Iterator[None]:
+    """Install ``alloc`` (and raw numpy results) for the current thread.
+
+    With ``promoted``, every array passed to :func:`to_output` is recorded there by ``id``,
+    so the transport can tell batch arrays (NDArrays for the user) from numpy arrays a
+    batchify function passed through unchanged.
+    """
+    saved = (getattr(_state, "alloc", None), getattr(_state, "raw", False),
+             getattr(_state, "promoted", None))
+    _state.alloc, _state.raw, _state.promoted = alloc, raw, promoted
     try:
         yield
     finally:
-        _state.alloc, _state.raw = prev_alloc, prev_raw
+        _state.alloc, _state.raw, _state.promoted = saved

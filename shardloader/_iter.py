@@ -1,0 +1,300 @@
+"""One epoch of batches: inline, or over a worker pool with a reorder buffer.
+
+Invariants (DESIGN.md), each enforced here and nowhere else:
+
+1. Batches come out in sampler order: results go through a :class:`ReorderBuffer` keyed by
+   sequence number.
+2. At most ``max(prefetch, 1)`` batches are in flight (dispatched, not yet handed to the
+   consumer); the 1 is the batch the consumer is waiting for when ``prefetch=0``.
+3. No call blocks forever: every wait on the pool is bounded by ``_POLL_INTERVAL_S``, after
+   which the iterator checks the batch's deadline and the workers' health.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ._errors import (
+    ClosedIteratorError,
+    LoaderTimeoutError,
+    WorkerDiedError,
+    describe_exitcode,
+    short_indices,
+)
+from ._pool import Result, Task, WorkerLost
+from ._reorder import ReorderBuffer
+
+# Longest single wait on the pool before re-checking deadlines and worker health.
+_POLL_INTERVAL_S = 0.25
+
+_generations = itertools.count()
+
+
+class Stats:
+    """Counters the loader keeps for :meth:`ShardedDataLoader.stats`. Updating them costs
+    a few attribute writes per batch."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.batches = 0
+        self.bytes = 0
+        self.wait_s = 0.0
+        self.first_batch_s: Optional[float] = None
+        self.started = time.perf_counter()
+        self.worker_busy_s: Dict[int, float] = {}
+        self.max_reorder_depth = 0
+        self.reorder_depth = 0
+
+    def snapshot(self) -> Dict[str, Any]:
+        wall = max(time.perf_counter() - self.started, 1e-9)
+        return {
+            "batches": self.batches,
+            "bytes": self.bytes,
+            "wait_s": self.wait_s,
+            "wall_s": wall,
+            "data_stall": min(1.0, self.wait_s / wall),
+            "first_batch_s": self.first_batch_s,
+            "worker_busy_s": dict(self.worker_busy_s),
+            "reorder_depth": self.reorder_depth,
+            "max_reorder_depth": self.max_reorder_depth,
+        }
+
+
+class Hub:
+    """A pool plus the routing of its results to the epochs that asked for them.
+
+    Several epochs may be open on one pool at once (``it1 = iter(loader); it2 =
+    iter(loader)``); whichever is waiting reads the pool and delivers everyone's results.
+    """
+
+    def __init__(self, pool, on_worker_death: str, stats: Stats) -> None:
+        self.pool = pool
+        self.on_worker_death = on_worker_death
+        self.stats = stats
+        self.routes: Dict[int, PooledEpoch] = {}
+        self.broken: Optional[BaseException] = None  # why the pool must be rebuilt
+
+    def pump(self, timeout: float) -> None:
+        results, lost = self.pool.poll(timeout)
+        for r in results:
+            busy = self.stats.worker_busy_s
+            busy[r.worker_id] = busy.get(r.worker_id, 0.0) + r.busy_s
+            epoch = self.routes.get(r.gen)
+            if epoch is None:
+                self.pool.discard(r)  # its epoch was closed: free the slot
+            else:
+                epoch._accept(r)
+        for death in lost:
+            self._handle_death(death)
+
+    def _handle_death(self, death: WorkerLost) -> None:
+        if self.on_worker_death == "restart" and not self.pool.closed:
+            self.pool.restart(death.worker_id)
+            for task in death.tasks:
+                if task.gen in self.routes:
+                    self.pool.submit(task)
+            return
+        how = describe_exitcode(death.exitcode)
+        lost = [(s, i) for t in death.tasks for s, i in t.batches]
+        what = ", ".join(f"batch {s} (indices {short_indices(i)})" for s, i in lost[:4])
+        message = (
+            f"worker {death.worker_id} (pid {death.pid}) {how} while loading "
+            f"{what or 'no batch'}. The pool will be rebuilt for the next epoch; pass "
+            f"on_worker_death='restart' to replace the worker and finish the epoch. A "
+            f"SIGKILL often means the OOM killer: reduce num_workers, prefetch or "
+            f"batch_size."
+        )
+        error = WorkerDiedError(message, pid=death.pid, exitcode=death.exitcode,
+                                worker_id=death.worker_id,
+                                seq=lost[0][0] if lost else None,
+                                indices=lost[0][1] if lost else None)
+        self.broken = error
+        for epoch in list(self.routes.values()):
+            epoch._fail(error)
+
+
+class PooledEpoch:
+    """Iterates one epoch's batches through a :class:`Hub`."""
+
+    def __init__(self, hub: Hub, items: Iterator[Tuple[int, Sequence]], epoch: int,
+                 prefetch: int, timeout: Optional[float], stats: Stats) -> None:
+        self._hub = hub
+        self._items = items
+        self._epoch = epoch
+        self._gen = next(_generations)
+        self._limit = max(prefetch, 1)
+        self._timeout = timeout
+        self._stats = stats
+        self._buffer: Optional[ReorderBuffer] = None
+        self._sent: Dict[int, Tuple[float, Sequence]] = {}  # seq -> (dispatch time, indices)
+        self._exhausted = False
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        self._user_closed = False
+        hub.routes[self._gen] = self
+        self._fill(prefetch)
+
+    # -- called by the hub
+    def _accept(self, result: Result) -> None:
+        if self._buffer is None or self._closed:
+            self._hub.pool.discard(result)
+            return
+        self._sent.pop(result.seq, None)
+        self._buffer.put(result.seq, result)
+        depth = len(self._buffer)
+        self._stats.reorder_depth = depth
+        if depth > self._stats.max_reorder_depth:
+            self._stats.max_reorder_depth = depth
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None:
+            self._error = error
+
+    # -- dispatch
+    def _in_flight(self) -> int:
+        return len(self._sent) + (len(self._buffer) if self._buffer is not None else 0)
+
+    def _fill(self, limit: int) -> None:
+        while not self._exhausted and self._in_flight() < limit:
+            try:
+                seq, indices = next(self._items)
+            except StopIteration:
+                self._exhausted = True
+                return
+            if self._buffer is None:
+                self._buffer = ReorderBuffer(start=seq)
+            self._sent[seq] = (time.monotonic(), indices)
+            self._hub.pool.submit(Task(self._gen, self._epoch, [(seq, indices)]))
+
+    # -- iteration
+    def __iter__(self) -> PooledEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            if self._user_closed:
+                raise ClosedIteratorError("Trying to advance a closed loader iterator")
+            raise StopIteration
+        self._fill(self._limit)
+        if self._buffer is None or (self._exhausted and self._in_flight() == 0):
+            self._end()
+            raise StopIteration
+        try:
+            result = self._wait(self._buffer.next_seq)
+        except BaseException:
+            self._end()
+            raise
+        self._fill(self._limit)
+        if not result.ok:
+            self._end()
+            raise result.payload.rebuild()
+        return self._hub.pool.materialize(result)
+
+    def _wait(self, seq: int) -> Result:
+        buffer = self._buffer
+        while not buffer.ready():
+            if self._error is not None:
+                raise self._error
+            sent_at, indices = self._sent.get(seq, (time.monotonic(), None))
+            if self._timeout is not None:
+                elapsed = time.monotonic() - sent_at
+                if elapsed > self._timeout:
+                    self._hub.broken = self._timeout_error(seq, indices, elapsed)
+                    raise self._hub.broken
+                wait = min(_POLL_INTERVAL_S, self._timeout - elapsed)
+            else:
+                wait = _POLL_INTERVAL_S
+            self._hub.pump(max(wait, 0.0))
+        result = buffer.pop()
+        self._stats.reorder_depth = len(buffer)
+        return result
+
+    def _timeout_error(self, seq: int, indices, elapsed: float) -> LoaderTimeoutError:
+        kind = self._hub.pool.kind
+        causes = "a slow dataset __getitem__ or batchify_fn (raise timeout=...)"
+        if kind == "process":
+            causes += ", a worker stuck on a lock or I/O, or a system out of memory"
+        return LoaderTimeoutError(
+            f"batch {seq} (indices {short_indices(indices)}) was not ready after "
+            f"{elapsed:.1f}s (timeout={self._timeout}s, {kind} workers). Likely causes: "
+            f"{causes}. The workers will be restarted on the next epoch.",
+            seq=seq, indices=indices, elapsed=elapsed,
+        )
+
+    def close(self) -> None:
+        """Stop this epoch early; advancing it afterwards raises ClosedIteratorError."""
+        self._user_closed = True
+        self._end()
+
+    def _end(self) -> None:
+        """Drop buffered batches (freeing their memory) and stop routing. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._hub.routes.pop(self._gen, None)
+        if self._buffer is not None:
+            for _, result in self._buffer.drain():
+                self._hub.pool.discard(result)
+        self._stats.reorder_depth = 0
+        self._sent.clear()
+
+    def __del__(self) -> None:
+        try:
+            self._end()
+        except Exception:
+            pass
+
+
+class InlineEpoch:
+    """``num_workers=0``: load each batch in the consumer's thread."""
+
+    def __init__(self, items: Iterator[Tuple[int, Sequence]], make: Callable[[Sequence], Any]):
+        self._items = items
+        self._make = make
+        self._closed = False
+
+    def __iter__(self) -> InlineEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise ClosedIteratorError("Trying to advance a closed loader iterator")
+        try:
+            _, indices = next(self._items)
+        except StopIteration:
+            self._closed = True
+            raise
+        return self._make(indices)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def numbered(batches: Iterator[Sequence], start: int = 0) -> Iterator[Tuple[int, Sequence]]:
+    """Pair each batch sampler item with its sequence number in the epoch."""
+    return enumerate(batches, start)
+
+
+def walk_nbytes(batch: Any) -> int:
+    """Bytes of every array leaf in a batch (for stats)."""
+    if isinstance(batch, (list, tuple)):
+        return sum(walk_nbytes(b) for b in batch)
+    if isinstance(batch, dict):
+        return sum(walk_nbytes(b) for b in batch.values())
+    size = getattr(batch, "size", None)
+    dtype = getattr(batch, "dtype", None)
+    if size is None or dtype is None:
+        return 0
+    try:
+        import numpy as np
+
+        return int(size) * np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+
+
+__all__: List[str] = ["Hub", "PooledEpoch", "InlineEpoch", "Stats", "numbered"]

@@ -1,0 +1,134 @@
+"""Loader options, validated once, up front.
+
+Every check raises ``ValueError`` or ``TypeError`` naming the argument, what is accepted and
+what was received. Gluon's own conflicting-argument errors are kept word for word in
+meaning, so code that catches them keeps working.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
+ON_WORKER_DEATH_CHOICES = ("raise", "restart")
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    batch_size: Optional[int]
+    shuffle: bool
+    last_batch: Optional[str]
+    num_workers: int
+    pin_memory: bool
+    pin_device_id: int
+    prefetch: int
+    thread_pool: bool
+    timeout: Optional[float]
+    auto_reload: bool
+    seed: Optional[int]
+    num_shards: int
+    num_parts: int
+    part_index: int
+    even_size: bool
+    worker_init_fn: Optional[Callable]
+    start_method: str
+    ctx: Any
+    on_worker_death: str
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} "
+                        f"(type {type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return int(value)
+
+
+def _choice(name: str, value: Any, choices) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; "
+                         f"got {value!r}")
+    return value
+
+
+def check_dataset(dataset: Any) -> int:
+    """The dataset's length; a clear error if it is not a sized, indexable collection."""
+    missing = [m for m in ("__len__", "__getitem__") if not hasattr(dataset, m)]
+    if missing:
+        raise TypeError(
+            f"dataset must support len() and indexing (__len__ and __getitem__); "
+            f"{type(dataset).__name__} lacks {' and '.join(missing)}"
+        )
+    length = len(dataset)
+    if length == 0:
+        raise ValueError("dataset is empty (len(dataset) == 0); there is nothing to load")
+    return length
+
+
+def validate(*, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn,
+             num_workers, pin_memory, pin_device_id, prefetch, thread_pool, timeout,
+             auto_reload, try_nopython, seed, num_shards, num_parts, part_index, even_size,
+             worker_init_fn, start_method, ctx, on_worker_death) -> LoaderOptions:
+    """Check every argument of :class:`~shardloader.ShardedDataLoader`."""
+    if batch_sampler is None:
+        if batch_size is None:
+            raise ValueError("batch_size must be specified unless batch_sampler is specified")
+        batch_size = _int("batch_size", batch_size, 1)
+        if sampler is not None and shuffle:
+            raise ValueError("shuffle must not be specified if sampler is specified")
+        if last_batch is not None:
+            _choice("last_batch", last_batch, LAST_BATCH_CHOICES)
+    elif batch_size is not None or shuffle or sampler is not None or last_batch is not None:
+        raise ValueError("batch_size, shuffle, sampler and last_batch must not be specified "
+                         "if batch_sampler is specified.")
+    if batchify_fn is not None and not callable(batchify_fn):
+        raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(f"worker_init_fn must be callable, got "
+                        f"{type(worker_init_fn).__name__}")
+    num_workers = _int("num_workers", num_workers, 0)
+    pin_device_id = _int("pin_device_id", pin_device_id, 0)
+    if prefetch is None:
+        prefetch = 2 * num_workers
+    prefetch = _int("prefetch", prefetch, 0)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout must be a positive number of seconds or None, got "
+                            f"{timeout!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got "
+                             f"{timeout}")
+        timeout = float(timeout)
+    if try_nopython:
+        raise ValueError(
+            "try_nopython=True asks for MXNet 2.x's C++ data pipeline, which MXNet 1.9.1 "
+            "does not have; use try_nopython=None or False (shardloader's worker processes "
+            "already avoid Python overhead on the transfer path)"
+        )
+    if seed is not None:
+        seed = _int("seed", seed, 0)
+    num_shards = _int("num_shards", num_shards, 0)
+    num_parts = _int("num_parts", num_parts, 1)
+    part_index = _int("part_index", part_index, 0)
+    if part_index >= num_parts:
+        raise ValueError(f"part_index must be in [0, num_parts={num_parts}), got {part_index}")
+    methods = mp.get_all_start_methods()
+    if start_method is None:
+        start_method = "fork" if "fork" in methods else mp.get_start_method()
+    _choice("start_method", start_method, methods)
+    _choice("on_worker_death", on_worker_death, ON_WORKER_DEATH_CHOICES)
+    if ctx is not None and pin_memory:
+        raise ValueError("pin_memory and ctx must not both be given: ctx already places "
+                         "each batch (use mx.cpu_pinned(i) in ctx to pin)")
+    return LoaderOptions(
+        batch_size=batch_size, shuffle=bool(shuffle), last_batch=last_batch,
+        num_workers=num_workers, pin_memory=bool(pin_memory), pin_device_id=pin_device_id,
+        prefetch=prefetch, thread_pool=bool(thread_pool), timeout=timeout,
+        auto_reload=bool(auto_reload), seed=seed, num_shards=num_shards, num_parts=num_parts,
+        part_index=part_index, even_size=bool(even_size), worker_init_fn=worker_init_fn,
+        start_method=start_method, ctx=ctx, on_worker_death=on_worker_death,
+    )

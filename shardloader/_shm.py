@@ -1,0 +1,412 @@
+"""Shared-memory transport for process workers.
+
+Ownership protocol (invariant 4 of DESIGN.md: every segment has exactly one owner):
+
+* A worker owns a small *ring* of slots. A slot is an anonymous ``memfd`` segment, mapped
+  once and reused batch after batch, so its pages are faulted in once, not per batch.
+* The worker stacks a batch straight into a free slot (through :mod:`shardloader._alloc`)
+  and sends only metadata: the slot id, and per array its offset, shape and dtype. The first
+  time a slot travels, its file descriptor follows the message (``SCM_RIGHTS``); the main
+  process maps it and closes the descriptor, so no descriptor stays open on either side.
+* From then on the main process owns the slot's contents. It wraps the arrays as NDArrays
+  without a copy. When the last of them is garbage collected (the user dropped the batch),
+  a finalizer queues the slot id, and the next task message to that worker hands it back.
+  A batch that is never handed to the user (early ``break``, error, ``close()``) is released
+  the same way by whoever drops it.
+* Memory is freed when both mappings are gone: the worker drops a surplus free slot and says
+  so in its next message, and exiting workers unmap everything. Nothing has a name in
+  ``/dev/shm``, so a ``SIGKILL`` anywhere leaks nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import mmap
+import os
+import threading
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import numpy as np
+
+from ._alloc import as_ndarray
+
+_ALIGN = 64
+# Arrays smaller than this travel inside the pickled message instead of a slot.
+_INLINE_LIMIT_BYTES = 1 << 16
+# Headroom over the last batch's size, so slightly larger batches reuse the slot.
+_HEADROOM = 1.25
+_MIN_SLOT_BYTES = 1 << 16
+# Free slots a worker keeps mapped for reuse; more are unmapped.
+_MAX_FREE_SLOTS = 4
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) & ~(_ALIGN - 1)
+
+
+class ArrayRef:
+    """Where one array of a batch lives: offset into the slot, shape, dtype, and whether
+    the user receives an NDArray (``as_nd``) or a numpy array."""
+
+    __slots__ = ("offset", "shape", "dtype", "as_nd")
+
+    def __init__(self, offset: int, shape: Tuple[int, ...], dtype: str, as_nd: bool) -> None:
+        self.offset, self.shape, self.dtype, self.as_nd = offset, shape, dtype, as_nd
+
+    def __reduce__(self):
+        return ArrayRef, (self.offset, self.shape, self.dtype, self.as_nd)
+
+
+class InlineND:
+    """A small NDArray batch leaf that travels pickled as numpy and is rebuilt as NDArray."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self):
+        return InlineND, (self.array,)
+
+
+def map_structure(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to every leaf of nested lists, tuples, namedtuples and dicts."""
+    if isinstance(obj, list):
+        return [map_structure(o, fn) for o in obj]
+    if isinstance(obj, tuple):
+        items = [map_structure(o, fn) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if isinstance(obj, dict):
+        return type(obj)((k, map_structure(v, fn)) for k, v in obj.items())
+    return fn(obj)
+
+
+def _copy_ndarray_into(src, dst: np.ndarray) -> None:
+    """Copy an mx.nd.NDArray into a preallocated numpy buffer: one copy, no temporary."""
+    from mxnet.base import _LIB, check_call
+
+    check_call(
+        _LIB.MXNDArraySyncCopyToCPU(
+            src.handle, dst.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(dst.size)
+        )
+    )
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+class _Slot:
+    __slots__ = ("id", "fd", "mm", "capacity", "buf", "addr", "top", "sent")
+
+    def __init__(self, slot_id: int, capacity: int) -> None:
+        self.id = slot_id
+        self.capacity = capacity
+        self.fd = os.memfd_create(f"shardloader-slot-{slot_id}", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, capacity)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self.mm = mmap.mmap(self.fd, capacity, flags=flags)
+        self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+        self.addr = self.buf.ctypes.data
+        self.top = 0
+        self.sent = False
+
+    def carve(self, nbytes: int) -> Optional[int]:
+        """Reserve ``nbytes`` at an aligned offset, or None if the slot is full."""
+        offset = _align(self.top)
+        if offset + nbytes > self.capacity:
+            return None
+        self.top = offset + nbytes
+        return offset
+
+    def view(self, offset: int, shape, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return self.buf[offset : offset + nbytes].view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        self.buf = None
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # an array still points into it; the mapping goes when that array does
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class SlotRing:
+    """A worker's reusable shared-memory slots."""
+
+    def __init__(self) -> None:
+        self._slots: Dict[int, _Slot] = {}
+        self._free: List[int] = []
+        self._next_id = 0
+        self._last_need = 0
+        self.dropped: List[int] = []
+        self.current: Optional[_Slot] = None
+
+    def release(self, slot_ids) -> None:
+        for sid in slot_ids:
+            if sid in self._slots:
+                self._free.append(sid)
+        while len(self._free) > _MAX_FREE_SLOTS:
+            smallest = min(self._free, key=lambda s: self._slots[s].capacity)
+            self._free.remove(smallest)
+            self._slots.pop(smallest).close()
+            self.dropped.append(smallest)
+
+    def _acquire(self, need: int) -> _Slot:
+        fits = [s for s in self._free if self._slots[s].capacity >= need]
+        if fits:
+            sid = min(fits, key=lambda s: self._slots[s].capacity)
+            self._free.remove(sid)
+            slot = self._slots[sid]
+        else:
+            capacity = max(_MIN_SLOT_BYTES, int(need * _HEADROOM))
+            capacity = (capacity + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+            slot = _Slot(self._next_id, capacity)
+            self._slots[slot.id] = slot
+            self._next_id += 1
+        slot.top = 0
+        return slot
+
+    def begin(self) -> None:
+        """Start a batch: take a slot sized like the last batch (none before the first)."""
+        self.current = self._acquire(self._last_need) if self._last_need else None
+
+    def allocate(self, shape, dtype) -> np.ndarray:
+        """The allocator installed for batchify: carve from the current slot if it fits."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        slot = self.current
+        if slot is not None and nbytes >= _ALIGN:
+            offset = slot.carve(nbytes)
+            if offset is not None:
+                return slot.view(offset, shape, dtype)
+        return np.empty(shape, dtype=dtype)
+
+    def abort(self) -> None:
+        """The batch failed: give its slot back to the free list."""
+        if self.current is not None:
+            self._free.append(self.current.id)
+            self.current = None
+
+    def pack(self, result: Any, promoted: Set[int]) -> Tuple[Any, Optional[int], list]:
+        """Turn a batch into ``(skeleton, slot_id, fds_to_send)``.
+
+        Array leaves that already live in the current slot become :class:`ArrayRef` with no
+        copy; other large arrays and NDArrays are copied in once. If they don't fit, every
+        array goes to one new slot large enough for all of them.
+        """
+        slot = self.current
+        self.current = None
+        leaves: List[Tuple[Any, bool]] = []  # (array or NDArray, as_nd)
+
+        def collect(leaf):
+            if isinstance(leaf, np.ndarray):
+                as_nd = id(leaf) in promoted
+                if as_nd or leaf.nbytes >= _INLINE_LIMIT_BYTES or self._in_slot(slot, leaf):
+                    leaves.append((leaf, as_nd))
+                    return _Pending(len(leaves) - 1)
+                return leaf
+            if _is_ndarray(leaf):
+                if leaf.size * np.dtype(leaf.dtype).itemsize < _INLINE_LIMIT_BYTES:
+                    return InlineND(leaf.asnumpy())
+                leaves.append((leaf, True))
+                return _Pending(len(leaves) - 1)
+            return leaf
+
+        skeleton = map_structure(result, collect)
+        if not leaves:
+            if slot is not None:
+                self._free.append(slot.id)
+            return skeleton, None, []
+        total = sum(_align(_nbytes(a)) for a, _ in leaves) + _ALIGN
+        if slot is None or not self._fits(slot, leaves):
+            if slot is not None:
+                self._free.append(slot.id)
+            slot = self._acquire(total)
+        self._last_need = max(self._last_need, total) if self._last_need else total
+        refs = [self._place(slot, a, as_nd) for a, as_nd in leaves]
+        skeleton = map_structure(skeleton, lambda x: refs[x.i] if isinstance(x, _Pending) else x)
+        fds = []
+        if not slot.sent:
+            fds.append((slot.id, slot.capacity, slot.fd))
+            slot.sent = True
+        return skeleton, slot.id, fds
+
+    def sent_fd(self, slot_id: int) -> None:
+        """The slot's descriptor reached the main process: the mapping is enough now."""
+        slot = self._slots.get(slot_id)
+        if slot is not None and slot.fd >= 0:
+            os.close(slot.fd)
+            slot.fd = -1
+
+    @staticmethod
+    def _in_slot(slot: Optional[_Slot], arr: np.ndarray) -> bool:
+        if slot is None or not arr.flags["C_CONTIGUOUS"]:
+            return False
+        ptr = arr.__array_interface__["data"][0]
+        return slot.addr <= ptr and ptr + arr.nbytes <= slot.addr + slot.capacity
+
+    def _fits(self, slot: _Slot, leaves) -> bool:
+        top = slot.top
+        for arr, _ in leaves:
+            if isinstance(arr, np.ndarray) and self._in_slot(slot, arr):
+                continue
+            top = _align(top) + _nbytes(arr)
+        return top <= slot.capacity
+
+    def _place(self, slot: _Slot, arr, as_nd: bool) -> ArrayRef:
+        shape = tuple(arr.shape)
+        dtype = np.dtype(arr.dtype)
+        if isinstance(arr, np.ndarray) and self._in_slot(slot, arr):
+            offset = arr.__array_interface__["data"][0] - slot.addr
+            return ArrayRef(offset, shape, dtype.str, as_nd)
+        offset = slot.carve(_nbytes(arr))
+        dst = slot.view(offset, shape, dtype)
+        if isinstance(arr, np.ndarray):
+            np.copyto(dst, arr)
+        else:
+            _copy_ndarray_into(arr, dst)
+        return ArrayRef(offset, shape, dtype.str, as_nd)
+
+    def close(self) -> None:
+        for slot in self._slots.values():
+            slot.close()
+        self._slots.clear()
+        self._free.clear()
+
+
+class _Pending:
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def _nbytes(arr) -> int:
+    return int(np.prod(arr.shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+
+
+def _is_ndarray(obj) -> bool:
+    cls = type(obj)
+    return cls.__module__.startswith("mxnet.") and hasattr(obj, "asnumpy")
+
+
+# ----------------------------------------------------------------------------- main side
+
+
+class _MappedSlot:
+    __slots__ = ("mm", "capacity", "leased", "dropped")
+
+    def __init__(self, fd: int, capacity: int) -> None:
+        self.mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED)
+        self.capacity = capacity
+        self.leased = False
+        self.dropped = False
+
+
+class SlotTable:
+    """The main process's view of every worker's slots.
+
+    Thread-safe for :meth:`_released` (finalizers may run on MXNet engine threads);
+    everything else runs on the thread that consumes batches.
+    """
+
+    def __init__(self) -> None:
+        self._slots: Dict[Tuple[int, int], _MappedSlot] = {}
+        self._releases: Dict[int, collections.deque] = collections.defaultdict(
+            collections.deque
+        )
+        self._lock = threading.Lock()
+        self.bytes_delivered = 0
+
+    def adopt(self, worker_key: int, slot_id: int, fd: int, capacity: int) -> None:
+        try:
+            mapped = _MappedSlot(fd, capacity)
+        finally:
+            os.close(fd)
+        old = self._slots.pop((worker_key, slot_id), None)
+        if old is not None and not old.leased:
+            old.mm.close()
+        self._slots[(worker_key, slot_id)] = mapped
+
+    def drop(self, worker_key: int, slot_ids) -> None:
+        """The worker unmapped these slots; unmap ours unless a batch still uses them."""
+        for sid in slot_ids:
+            mapped = self._slots.pop((worker_key, sid), None)
+            if mapped is not None and not mapped.leased:
+                mapped.mm.close()
+
+    def materialize(self, worker_key: int, slot_id: Optional[int], skeleton: Any) -> Any:
+        """Rebuild a batch from its skeleton, wrapping slot memory without copying."""
+        if slot_id is None:
+            return map_structure(skeleton, _inline_leaf)
+        mapped = self._slots[(worker_key, slot_id)]
+        mapped.leased = True
+        base = np.frombuffer(mapped.mm, dtype=np.uint8)
+        weakref.finalize(base, self._released, worker_key, slot_id, mapped)
+        nbytes = [0]
+
+        def rebuild(leaf):
+            if isinstance(leaf, ArrayRef):
+                dtype = np.dtype(leaf.dtype)
+                n = int(np.prod(leaf.shape, dtype=np.int64)) * dtype.itemsize
+                nbytes[0] += n
+                arr = base[leaf.offset : leaf.offset + n].view(dtype).reshape(leaf.shape)
+                return as_ndarray(arr) if leaf.as_nd else arr
+            return _inline_leaf(leaf)
+
+        batch = map_structure(skeleton, rebuild)
+        self.bytes_delivered += nbytes[0]
+        return batch
+
+    def discard(self, worker_key: int, slot_id: Optional[int]) -> None:
+        """A batch that never reached the user: hand its slot straight back."""
+        if slot_id is not None:
+            self._releases[worker_key].append(slot_id)
+
+    def _released(self, worker_key: int, slot_id: int, mapped: _MappedSlot) -> None:
+        mapped.leased = False
+        if self._slots.get((worker_key, slot_id)) is mapped:
+            self._releases[worker_key].append(slot_id)
+        else:
+            _close_quietly(mapped.mm)  # the worker is gone or dropped it
+
+    def take_releases(self, worker_key: int) -> List[int]:
+        queue = self._releases.get(worker_key)
+        out: List[int] = []
+        while queue:
+            out.append(queue.popleft())
+        return out
+
+    def forget_worker(self, worker_key: int) -> None:
+        """A worker exited: unmap its idle slots; leased ones go when their batch does."""
+        self._releases.pop(worker_key, None)
+        for key in [k for k in self._slots if k[0] == worker_key]:
+            mapped = self._slots.pop(key)
+            if not mapped.leased:
+                mapped.mm.close()
+
+    def close(self) -> None:
+        for key in list(self._slots):
+            mapped = self._slots.pop(key)
+            if not mapped.leased:
+                mapped.mm.close()
+        self._releases.clear()
+
+
+def _close_quietly(mm: mmap.mmap) -> None:
+    try:
+        mm.close()
+    except BufferError:
+        pass  # still exported by a dying array; unmapped when the mmap object goes
+
+
+def _inline_leaf(leaf):
+    if isinstance(leaf, InlineND):
+        return as_ndarray(leaf.array)
+    return leaf

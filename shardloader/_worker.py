@@ -1,0 +1,227 @@
+"""What a worker does: load samples, batchify, and (in a process) ship the batch home.
+
+Private: the only public name is :func:`get_worker_info`. The process entry point is a
+module-level function so it pickles under ``spawn``; it imports only what it needs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import threading
+import time
+from multiprocessing import reduction
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from . import _alloc
+from ._errors import RemoteError
+from ._seeding import derive_seed, seed_all
+
+# How often an idle worker process checks that its parent is still alive.
+_PARENT_CHECK_INTERVAL_S = 0.5
+# Epoch number used to derive per-worker (not per-sample) seeds.
+_WORKER_SEED_EPOCH = -1
+
+
+class WorkerInfo(NamedTuple):
+    """What :func:`get_worker_info` returns inside a worker."""
+
+    id: int
+    num_workers: int
+    seed: Optional[int]
+    dataset: Any
+
+
+_info = threading.local()
+
+
+def get_worker_info() -> Optional[WorkerInfo]:
+    """Inside a worker (process or thread), its :class:`WorkerInfo`; elsewhere ``None``.
+
+    >>> get_worker_info() is None
+    True
+    """
+    return getattr(_info, "value", None)
+
+
+def _check_index(index: Any, position: int, length: int) -> None:
+    if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        raise TypeError(
+            f"the batch sampler yielded a non-integer index {index!r} "
+            f"(type {type(index).__name__}) at position {position} of the batch; "
+            f"indices must be ints in [0, {length})"
+        )
+    if not 0 <= index < length:
+        raise IndexError(
+            f"the batch sampler yielded index {index} at position {position} of the batch, "
+            f"outside the dataset's range [0, {length})"
+        )
+
+
+def is_sharded(indices: Sequence) -> bool:
+    """Whether a batch sampler item is a step (a list of per-shard index lists)."""
+    return len(indices) > 0 and isinstance(indices[0], (list, tuple, np.ndarray))
+
+
+class BatchMaker:
+    """Loads the samples of one batch (or one sharded step) and batchifies them.
+
+    Shared by inline loading, thread workers and process workers, so all three seed and
+    validate identically (invariant 6).
+    """
+
+    def __init__(self, dataset: Any, batchify_fn: Callable, seed: Optional[int],
+                 lock: Optional[threading.Lock] = None) -> None:
+        self.dataset = dataset
+        self.batchify_fn = batchify_fn
+        self.seed = seed
+        self.length = len(dataset)
+        # Per-sample seeding touches global RNGs; threads must take turns to stay exact.
+        self._lock = lock
+
+    def samples(self, indices: Sequence, epoch: int) -> List[Any]:
+        length, dataset = self.length, self.dataset
+        for pos, i in enumerate(indices):
+            _check_index(i, pos, length)
+        if self.seed is None:
+            return [dataset[i] for i in indices]
+        out = []
+        for i in indices:
+            if self._lock is None:
+                seed_all(derive_seed(self.seed, epoch, int(i)))
+                out.append(dataset[i])
+            else:
+                with self._lock:
+                    seed_all(derive_seed(self.seed, epoch, int(i)))
+                    out.append(dataset[i])
+        return out
+
+    def make(self, indices: Sequence, epoch: int) -> Any:
+        if is_sharded(indices):
+            return [self.batchify_fn(self.samples(shard, epoch)) for shard in indices]
+        return self.batchify_fn(self.samples(indices, epoch))
+
+
+def seed_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:
+    """Give each worker its own RNG streams, so forked workers never repeat each other."""
+    base = seed if seed is not None else entropy
+    seed_all(derive_seed(base, _WORKER_SEED_EPOCH, worker_id))
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker if the main process dies first."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def process_worker_main(worker_id: int, num_workers: int, conn, dataset: Any,
+                        batchify_fn: Callable, raw: bool, seed: Optional[int], entropy: int,
+                        worker_init_fn: Optional[Callable], parent_pid: int) -> None:
+    """Entry point of a worker process. Messages are pickled tuples:
+
+    * in:  ``("task", gen, epoch, [(seq, indices), ...], released_slot_ids)`` or ``None``
+    * out: ``(results, new_slots, dropped_slot_ids)`` where each result is
+      ``(gen, seq, ok, payload, busy_s)`` and each new slot ``(slot_id, capacity)`` is
+      followed on the socket by its file descriptor.
+    """
+    # Ctrl-C belongs to the main process, which shuts the workers down itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    from ._shm import SlotRing
+
+    _info.value = WorkerInfo(worker_id, num_workers, seed, dataset)
+    seed_worker(worker_id, seed, entropy)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+    maker = BatchMaker(dataset, batchify_fn, seed)
+    ring = SlotRing()
+    try:
+        _serve(worker_id, conn, maker, ring, raw, parent_pid)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the main process went away or closed our pipe: nothing left to do
+    finally:
+        ring.close()
+        conn.close()
+
+
+def _serve(worker_id, conn, maker: BatchMaker, ring, raw: bool, parent_pid: int) -> None:
+    while True:
+        if not conn.poll(_PARENT_CHECK_INTERVAL_S):
+            if os.getppid() != parent_pid:
+                return
+            continue
+        msg = pickle.loads(conn.recv_bytes())
+        if msg is None:
+            return
+        _, gen, epoch, batches, released = msg
+        ring.release(released)
+        results, new_slots = [], []
+        for seq, indices in batches:
+            results.append(_one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices,
+                                      new_slots))
+        dropped, ring.dropped = ring.dropped, []
+        _send(conn, results, new_slots, dropped, ring, worker_id)
+
+
+def _one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices, new_slots):
+    start = time.perf_counter()
+    ring.begin()
+    try:
+        promoted: dict = {}
+        if raw:
+            with _alloc.allocating(ring.allocate, raw=True, promoted=promoted):
+                batch = maker.make(indices, epoch)
+        else:
+            batch = maker.make(indices, epoch)
+        skeleton, slot_id, fds = ring.pack(batch, promoted)
+        del batch
+    except Exception as exc:  # noqa: BLE001 - every error travels home as data
+        ring.abort()
+        return (gen, seq, False, RemoteError.capture(exc, worker_id, seq, indices), 0.0)
+    new_slots.extend(fds)
+    return (gen, seq, True, (skeleton, slot_id), time.perf_counter() - start)
+
+
+def _send(conn, results, new_slots, dropped, ring, worker_id) -> None:
+    meta = [(sid, cap) for sid, cap, _ in new_slots]
+    try:
+        data = pickle.dumps((results, meta, dropped), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        results = [_picklable(r, ring, worker_id) for r in results]
+        data = pickle.dumps((results, meta, dropped), protocol=pickle.HIGHEST_PROTOCOL)
+    conn.send_bytes(data)
+    for sid, _, fd in new_slots:
+        reduction.send_handle(conn, fd, os.getppid())
+        ring.sent_fd(sid)
+
+
+def _picklable(result, ring, worker_id):
+    gen, seq, ok, payload, busy = result
+    if not ok:
+        try:
+            pickle.dumps(payload)
+            return result
+        except Exception:
+            payload.exc_type = None
+            return (gen, seq, False, payload, busy)
+    try:
+        pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        return result
+    except Exception as exc:
+        skeleton, slot_id = payload
+        if slot_id is not None:
+            ring.release([slot_id])
+        err = TypeError(
+            f"batchify_fn returned an object that cannot be sent from a worker process "
+            f"({type(exc).__name__}: {exc}). Return arrays, numbers, strings and lists, "
+            f"tuples or dicts of them, or use thread_pool=True."
+        )
+        return (gen, seq, False, RemoteError.capture(err, worker_id, seq, None), busy)

@@ -1,0 +1,233 @@
+"""The Gluon contract: same arguments, same batches, same order, for every backend."""
+
+from __future__ import annotations
+
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+from _datasets import RangeDataset, ReverseSlowDataset, VarLenDataset
+from mxnet.gluon.data import ArrayDataset, SimpleDataset
+from mxnet.gluon.data import DataLoader as GluonDataLoader
+
+from shardloader import ShardedDataLoader, batchify
+from shardloader.sampler import SequentialSampler
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaks")]
+
+BACKENDS = {
+    "inline": dict(num_workers=0),
+    "thread": dict(num_workers=2, thread_pool=True),
+    "fork": dict(num_workers=2, start_method="fork"),
+}
+SPAWN = dict(num_workers=2, start_method="spawn")
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request):
+    return BACKENDS[request.param]
+
+
+def as_lists(batch):
+    """A comparable form of a batch: nested lists of (dtype, shape, values)."""
+    if isinstance(batch, (list, tuple)):
+        return [as_lists(b) for b in batch]
+    if isinstance(batch, mx.nd.NDArray):
+        return ("nd", str(batch.dtype), batch.shape, batch.asnumpy().tolist())
+    if isinstance(batch, np.ndarray):
+        return ("np", str(batch.dtype), batch.shape, batch.tolist())
+    return batch
+
+
+def collect(loader):
+    return [as_lists(b) for b in loader]
+
+
+def gluon(dataset, **kwargs):
+    return collect(GluonDataLoader(dataset, **kwargs))
+
+
+DATASETS = {
+    "numpy-tuple": lambda: ArrayDataset(np.arange(23 * 3, dtype="float32").reshape(23, 3),
+                                        np.arange(23)),
+    "nd-samples": lambda: ArrayDataset(mx.nd.arange(23 * 2).reshape(23, 2)),
+    "python-numbers": lambda: SimpleDataset([float(i) / 3 for i in range(23)]),
+    "int-tuples": lambda: SimpleDataset([(i, i * 2) for i in range(23)]),
+    "nested": lambda: SimpleDataset([(np.ones(2, "float32") * i, (i, np.float64(i)))
+                                     for i in range(23)]),
+}
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+@pytest.mark.parametrize("last_batch", [None, "keep", "discard", "rollover"])
+def test_same_batches_as_gluon(backend, name, last_batch):
+    dataset = DATASETS[name]()
+    kwargs = dict(batch_size=5, last_batch=last_batch)
+    expected = gluon(dataset, **kwargs)
+    with ShardedDataLoader(dataset, **kwargs, **backend) as loader:
+        assert len(loader) == len(GluonDataLoader(dataset, **kwargs))
+        assert collect(loader) == expected
+
+
+def test_rollover_carries_into_next_epoch(backend):
+    dataset = RangeDataset(10)
+    ours = ShardedDataLoader(dataset, batch_size=4, last_batch="rollover", **backend)
+    theirs = GluonDataLoader(dataset, batch_size=4, last_batch="rollover")
+    with ours:
+        for _ in range(3):
+            assert len(ours) == len(theirs)
+            assert collect(ours) == collect(theirs)
+
+
+def test_many_epochs_reuse_one_pool(backend):
+    with ShardedDataLoader(RangeDataset(12), batch_size=4, **backend) as loader:
+        pids = None
+        for _ in range(20):
+            batches = list(loader)
+            assert [b[1].asnumpy().tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                                   [8, 9, 10, 11]]
+            if pids is None:
+                pids = loader.worker_pids()
+            assert loader.worker_pids() == pids
+
+
+def test_order_holds_when_later_batches_finish_first(backend):
+    dataset = ReverseSlowDataset(40)
+    with ShardedDataLoader(dataset, batch_size=2, prefetch=8, **backend) as loader:
+        labels = [int(x) for _, y in loader for x in y.asnumpy()]
+    assert labels == list(range(40))
+
+
+def test_spawn_start_method_gives_the_same_batches():
+    dataset = ArrayDataset(np.arange(30, dtype="float32"), np.arange(30))
+    expected = gluon(dataset, batch_size=7)
+    with ShardedDataLoader(dataset, batch_size=7, **SPAWN) as loader:
+        assert collect(loader) == expected
+        assert collect(loader) == expected
+
+
+def test_transform_and_transform_first(backend):
+    base = ArrayDataset(np.arange(12, dtype="float32"), np.arange(12))
+    for ds in (base.transform_first(lambda x: x * 2), base.transform(lambda x, y: (x + y, y))):
+        expected = gluon(ds, batch_size=4)
+        with ShardedDataLoader(ds, batch_size=4, **backend) as loader:
+            assert collect(loader) == expected
+
+
+def _sum_batchify(samples):
+    return mx.nd.array([sum(float(s[0].sum()) for s in samples)])
+
+
+def test_custom_batchify_fn(backend):
+    ds = RangeDataset(10)
+    with ShardedDataLoader(ds, batch_size=5, batchify_fn=_sum_batchify, **backend) as loader:
+        assert [b.asnumpy().tolist() for b in loader] == [[40.0], [140.0]]
+
+
+def test_gluon_nlp_style_batchify(backend):
+    ds = VarLenDataset(14)
+    fn = batchify.Tuple(batchify.Pad(pad_val=-1), batchify.Stack())
+    expected = [as_lists(fn([ds[i] for i in range(j, min(j + 4, 14))])) for j in range(0, 14, 4)]
+    with ShardedDataLoader(ds, batch_size=4, batchify_fn=fn, **backend) as loader:
+        assert collect(loader) == expected
+
+
+def test_sharded_steps_from_a_batch_sampler(backend):
+    steps = [[[0, 1], [2, 3, 4]], [[5], [6, 7]], [[8, 9], [10, 11]]]
+    ds = RangeDataset(12)
+    with ShardedDataLoader(ds, batch_sampler=steps, **backend) as loader:
+        out = [[shard[1].asnumpy().tolist() for shard in step] for step in loader]
+    assert out == [[[0, 1], [2, 3, 4]], [[5], [6, 7]], [[8, 9], [10, 11]]]
+
+
+def test_prefetch_bounds_work_in_flight():
+    ds = RangeDataset(100)
+    for prefetch in (0, 1, 3):
+        with ShardedDataLoader(ds, batch_size=1, num_workers=2, prefetch=prefetch) as loader:
+            it = iter(loader)
+            time.sleep(0.3)
+            # Nothing consumed yet: only `prefetch` batches may have been dispatched.
+            assert it._source._in_flight() == prefetch
+            next(it)
+            assert it._source._in_flight() <= max(prefetch, 1)
+
+
+def test_pin_memory_returns_pinned_ndarrays(backend):
+    ds = RangeDataset(8)
+    with ShardedDataLoader(ds, batch_size=4, pin_memory=True, pin_device_id=0,
+                           **backend) as loader:
+        batches = list(loader)
+    assert len(batches) == 2
+    for data, label in batches:
+        assert data.context == mx.cpu_pinned(0)
+        assert label.context == mx.cpu_pinned(0)
+    assert batches[1][1].asnumpy().tolist() == [4, 5, 6, 7]
+
+
+def test_numpy_and_ndarray_datasets_directly():
+    for ds in (np.arange(10, dtype="float32"), mx.nd.arange(10)):
+        expected = gluon(ds, batch_size=4)
+        with ShardedDataLoader(ds, batch_size=4) as loader:
+            assert collect(loader) == expected
+
+
+def test_sampler_argument():
+    ds = RangeDataset(9)
+    with ShardedDataLoader(ds, batch_size=3, sampler=SequentialSampler(6, start=3)) as loader:
+        assert [y.asnumpy().tolist() for _, y in loader] == [[3, 4, 5], [6, 7, 8]]
+
+
+def test_auto_reload_prestarts_the_next_epoch():
+    ds = RangeDataset(8)
+    with ShardedDataLoader(ds, batch_size=4, num_workers=1, auto_reload=True) as loader:
+        assert loader._prestarted is not None  # loading began at construction
+        for _ in range(3):
+            assert len(list(loader)) == 2
+            assert loader._prestarted is not None
+
+
+GLUON_ERRORS = [
+    (dict(), ValueError, "batch_size must be specified"),
+    (dict(batch_size=2, shuffle=True, sampler=SequentialSampler(4)), ValueError,
+     "shuffle must not be specified"),
+    (dict(batch_sampler=[[0]], batch_size=2), ValueError, "must not be specified if batch_sampler"),
+    (dict(batch_sampler=[[0]], last_batch="keep"), ValueError, "batch_sampler"),
+    (dict(batch_size=0), ValueError, "batch_size"),
+    (dict(batch_size=2.5), TypeError, "batch_size"),
+    (dict(batch_size=2, last_batch="drop"), ValueError, "last_batch"),
+    (dict(batch_size=2, prefetch=-1), ValueError, "prefetch"),
+    (dict(batch_size=2, timeout=-1), ValueError, "timeout"),
+    (dict(batch_size=2, num_workers=-2), ValueError, "num_workers"),
+    (dict(batch_size=2, try_nopython=True), ValueError, "try_nopython"),
+    (dict(batch_size=2, start_method="telepathy"), ValueError, "start_method"),
+    (dict(batch_size=2, on_worker_death="ignore"), ValueError, "on_worker_death"),
+    (dict(batch_size=2, batchify_fn=3), TypeError, "batchify_fn"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc,text", GLUON_ERRORS)
+def test_argument_errors_name_the_argument(kwargs, exc, text):
+    with pytest.raises(exc, match=text):
+        ShardedDataLoader(RangeDataset(4), **kwargs)
+
+
+def test_bad_datasets_are_rejected_at_construction():
+    with pytest.raises(TypeError, match="__len__"):
+        ShardedDataLoader(object(), batch_size=2)
+    with pytest.raises(ValueError, match="empty"):
+        ShardedDataLoader([], batch_size=2)
+
+
+def test_try_nopython_false_and_none_are_accepted():
+    for value in (None, False):
+        with ShardedDataLoader(RangeDataset(4), batch_size=2, try_nopython=value) as loader:
+            assert len(list(loader)) == 2
+
+
+def test_gluon_1x_positional_signature():
+    # dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn,
+    # num_workers, pin_memory, pin_device_id, prefetch, thread_pool, timeout, auto_reload
+    loader = ShardedDataLoader(RangeDataset(6), 3, False, None, "keep", None, None, 0, False,
+                               0, None, False, 120, False)
+    assert len(list(loader)) == 2
