@@ -299,14 +299,52 @@ def _is_ndarray(obj) -> bool:
 # ----------------------------------------------------------------------------- main side
 
 
+_libc = None
+
+
+def _libc_mmap():
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mmap.restype = ctypes.c_void_p
+        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_int, ctypes.c_long]
+        lib.munmap.restype = ctypes.c_int
+        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc = lib
+    return _libc
+
+
 class _MappedSlot:
-    __slots__ = ("mm", "capacity", "leased", "dropped")
+    """A worker's slot mapped into the main process.
+
+    Mapped with libc's ``mmap`` rather than Python's, because Python's keeps a duplicate of
+    the descriptor open for the mapping's lifetime; this way the main process holds no
+    descriptor per slot. Unmapped only when no batch uses it (``leased`` is False).
+    """
+
+    __slots__ = ("addr", "capacity", "leased", "__weakref__")
 
     def __init__(self, fd: int, capacity: int) -> None:
-        self.mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED)
+        libc = _libc_mmap()
+        addr = libc.mmap(None, capacity, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
+                         fd, 0)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of a {capacity}-byte shared-memory slot failed: "
+                               f"{os.strerror(err)}")
+        self.addr: Optional[int] = addr
         self.capacity = capacity
         self.leased = False
-        self.dropped = False
+
+    def buffer(self):
+        """A fresh buffer object over the slot; it dies when the last array over it does."""
+        return (ctypes.c_uint8 * self.capacity).from_address(self.addr)
+
+    def unmap(self) -> None:
+        if self.addr is not None:
+            _libc_mmap().munmap(self.addr, self.capacity)
+            self.addr = None
 
 
 class SlotTable:
@@ -331,7 +369,7 @@ class SlotTable:
             os.close(fd)
         old = self._slots.pop((worker_key, slot_id), None)
         if old is not None and not old.leased:
-            old.mm.close()
+            old.unmap()
         self._slots[(worker_key, slot_id)] = mapped
 
     def drop(self, worker_key: int, slot_ids) -> None:
@@ -339,7 +377,7 @@ class SlotTable:
         for sid in slot_ids:
             mapped = self._slots.pop((worker_key, sid), None)
             if mapped is not None and not mapped.leased:
-                mapped.mm.close()
+                mapped.unmap()
 
     def materialize(self, worker_key: int, slot_id: Optional[int], skeleton: Any) -> Any:
         """Rebuild a batch from its skeleton, wrapping slot memory without copying."""
@@ -347,8 +385,12 @@ class SlotTable:
             return map_structure(skeleton, _inline_leaf)
         mapped = self._slots[(worker_key, slot_id)]
         mapped.leased = True
-        base = np.frombuffer(mapped.mm, dtype=np.uint8)
-        weakref.finalize(base, self._released, worker_key, slot_id, mapped)
+        buffer = mapped.buffer()
+        base = np.frombuffer(buffer, dtype=np.uint8)
+        # Every array of the batch keeps `buffer` alive; when the last one goes, so does
+        # `buffer`, and the slot returns to its worker.
+        weakref.finalize(buffer, self._released, worker_key, slot_id, mapped)
+        del buffer
         nbytes = [0]
 
         def rebuild(leaf):
@@ -374,7 +416,7 @@ class SlotTable:
         if self._slots.get((worker_key, slot_id)) is mapped:
             self._releases[worker_key].append(slot_id)
         else:
-            _close_quietly(mapped.mm)  # the worker is gone or dropped it
+            mapped.unmap()  # the worker is gone or dropped it
 
     def take_releases(self, worker_key: int) -> List[int]:
         queue = self._releases.get(worker_key)
@@ -389,21 +431,14 @@ class SlotTable:
         for key in [k for k in self._slots if k[0] == worker_key]:
             mapped = self._slots.pop(key)
             if not mapped.leased:
-                mapped.mm.close()
+                mapped.unmap()
 
     def close(self) -> None:
         for key in list(self._slots):
             mapped = self._slots.pop(key)
             if not mapped.leased:
-                mapped.mm.close()
+                mapped.unmap()
         self._releases.clear()
-
-
-def _close_quietly(mm: mmap.mmap) -> None:
-    try:
-        mm.close()
-    except BufferError:
-        pass  # still exported by a dying array; unmapped when the mmap object goes
 
 
 def _inline_leaf(leaf):

@@ -168,7 +168,7 @@ def _serve(worker_id, conn, maker: BatchMaker, ring, raw: bool, parent_pid: int)
             results.append(_one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices,
                                       new_slots))
         dropped, ring.dropped = ring.dropped, []
-        _send(conn, results, new_slots, dropped, ring, worker_id)
+        _send(conn, results, new_slots, dropped, ring, worker_id, dict(batches))
 
 
 def _one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices, new_slots):
@@ -190,12 +190,12 @@ def _one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices, new_slots)
     return (gen, seq, True, (skeleton, slot_id), time.perf_counter() - start)
 
 
-def _send(conn, results, new_slots, dropped, ring, worker_id) -> None:
+def _send(conn, results, new_slots, dropped, ring, worker_id, indices_by_seq) -> None:
     meta = [(sid, cap) for sid, cap, _ in new_slots]
     try:
         data = pickle.dumps((results, meta, dropped), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
-        results = [_picklable(r, ring, worker_id) for r in results]
+        results = [_picklable(r, ring, worker_id, indices_by_seq.get(r[1])) for r in results]
         data = pickle.dumps((results, meta, dropped), protocol=pickle.HIGHEST_PROTOCOL)
     conn.send_bytes(data)
     for sid, _, fd in new_slots:
@@ -203,7 +203,7 @@ def _send(conn, results, new_slots, dropped, ring, worker_id) -> None:
         ring.sent_fd(sid)
 
 
-def _picklable(result, ring, worker_id):
+def _picklable(result, ring, worker_id, indices):
     gen, seq, ok, payload, busy = result
     if not ok:
         try:
@@ -224,4 +224,4 @@ def _picklable(result, ring, worker_id):
             f"({type(exc).__name__}: {exc}). Return arrays, numbers, strings and lists, "
             f"tuples or dicts of them, or use thread_pool=True."
         )
-        return (gen, seq, False, RemoteError.capture(err, worker_id, seq, None), busy)
+        return (gen, seq, False, RemoteError.capture(err, worker_id, seq, indices), busy)

@@ -185,7 +185,7 @@ class ShardedDataLoader:
         opts = self._opts
         pool_cls = ThreadPool if opts.thread_pool else ProcessPool
         pool = pool_cls(opts.num_workers, self._dataset, self._batchify_fn,
-                        raw=_is_native(self._batchify_fn), seed=opts.seed,
+                        raw=_batchify.is_native(self._batchify_fn), seed=opts.seed,
                         worker_init_fn=opts.worker_init_fn, start_method=opts.start_method)
         self._hub = Hub(pool, opts.on_worker_death, self._stats)
         return self._hub
@@ -394,15 +394,6 @@ def _placement(opts: _options.LoaderOptions):
 
         return mx.cpu_pinned(opts.pin_device_id)
     return None
-
-
-def _is_native(fn) -> bool:
-    """Whether every leaf of ``fn``'s output comes from shardloader's own batchify code, so
-    workers may stack straight into shared memory (see :mod:`shardloader._alloc`)."""
-    b = _batchify
-    if fn is b.default_batchify_fn or fn is b.default_mp_batchify_fn:
-        return True
-    return isinstance(fn, (b.Stack, b.Pad))
 
 
 def _sampler_state(sampler) -> Any:

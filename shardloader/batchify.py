@@ -1,0 +1,790 @@
+"""Batchify functions: turn a list of samples into one batch.
+
+A batchify function is a small callable that receives the samples of one batch, in sampler
+order, and returns the batch. :func:`default_batchify_fn` reproduces Gluon 1.9.1's default;
+:class:`Stack`, :class:`Pad`, :class:`Tuple`, :class:`List`, :class:`Dict` and
+:class:`NamedTuple` reproduce gluon-nlp's ``gluonnlp.data.batchify``.
+
+None of them knows about shared memory or devices. Every output array is a buffer from
+:func:`shardloader._alloc.empty`, filled in place and handed back through
+:func:`shardloader._alloc.to_output`. By default that is an ``mx.nd.NDArray`` wrapping the
+buffer on ``cpu(0)``; inside a worker process the transport makes the buffer a piece of shared
+memory and keeps the result a numpy array, so a batch is written once, where the main process
+will read it.
+
+Samples may be ``mx.nd.NDArray``, numpy arrays, numpy scalars, Python numbers, or nested
+tuples, lists and dicts of those. The output dtypes are the ones an MXNet ``NDArray`` can hold:
+bool, uint8, int8, int32, int64, float16, float32 and float64.
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+import typing
+
+import numpy as np
+
+from . import _alloc
+
+__all__ = [
+    "default_batchify_fn",
+    "default_mp_batchify_fn",
+    "Stack",
+    "Pad",
+    "Tuple",
+    "List",
+    "Dict",
+    "NamedTuple",
+]
+
+# The dtypes an mx.nd.NDArray can hold (mxnet.ndarray.ndarray._DTYPE_NP_TO_MX, less bfloat16).
+_MX_DTYPES = frozenset(
+    np.dtype(name)
+    for name in ("bool", "uint8", "int8", "int32", "int64", "float16", "float32", "float64")
+)
+_MX_DTYPE_NAMES = "bool, uint8, int8, int32, int64, float16, float32, float64"
+
+# numpy dtype kinds that are not numbers: object, bytes, str, void, datetime, timedelta.
+_NON_NUMERIC_KINDS = frozenset("OSUVMm")
+
+_PAD_HINT = "use batchify.Pad to pad variable-length samples"
+
+Batchify = typing.Callable[[typing.Sequence[typing.Any]], typing.Any]
+
+
+# ----------------------------------------------------------------------------------------------
+# Private helpers
+
+
+def _ndarray_class():
+    """``mx.nd.NDArray`` if MXNet has been imported, else ``None``.
+
+    No sample can be an NDArray before MXNet is imported, so this module never imports MXNet
+    itself (a spawned worker that only sees numpy data stays light).
+    """
+    mx = sys.modules.get("mxnet")
+    nd = getattr(mx, "nd", None)
+    return getattr(nd, "NDArray", None)
+
+
+def _to_numpy(x) -> np.ndarray:
+    """One sample as a numpy array (NDArrays via ``asnumpy``)."""
+    if isinstance(x, np.ndarray):
+        return np.asarray(x)
+    nd = _ndarray_class()
+    if nd is not None and isinstance(x, nd):
+        return x.asnumpy()
+    return np.asarray(x)
+
+
+def _is_array(x) -> bool:
+    if isinstance(x, np.ndarray):
+        return True
+    nd = _ndarray_class()
+    return nd is not None and isinstance(x, nd)
+
+
+def _describe(value) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _shape_of(x) -> tuple:
+    """The shape numpy would give ``x``, without numpy's warning for ragged input.
+
+    ``None`` stands for the size of an axis whose items disagree (a ragged list).
+    """
+    if _is_array(x):
+        return tuple(x.shape)
+    if isinstance(x, (list, tuple)):
+        inner = {_shape_of(item) for item in x}
+        if len(inner) > 1:
+            return (len(x), None)
+        return (len(x),) + (inner.pop() if inner else ())
+    return ()
+
+
+_NO_LEAF = object()
+
+
+def _first_leaf(x):
+    """The first value in ``x`` that is not a list or tuple, depth first, or ``_NO_LEAF``."""
+    if not isinstance(x, (list, tuple)):
+        return x
+    for item in x:
+        leaf = _first_leaf(item)
+        if leaf is not _NO_LEAF:
+            return leaf
+    return _NO_LEAF
+
+
+def _is_numeric_leaf(x) -> bool:
+    if x is _NO_LEAF:
+        return True
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.dtype(x.dtype).kind not in _NON_NUMERIC_KINDS
+    return isinstance(x, numbers.Number) or _is_array(x)
+
+
+def _mismatch_error(position: int, shape, first_shape) -> ValueError:
+    return ValueError(
+        f"cannot stack sample {position} of shape {tuple(shape)} with sample 0 of shape "
+        f"{tuple(first_shape)}; {_PAD_HINT}"
+    )
+
+
+def _check_same_shapes(samples) -> None:
+    """Raise the mismatch error for the first sample whose shape differs from sample 0's."""
+    first_shape = _shape_of(samples[0])
+    for position, sample in enumerate(samples):
+        shape = _shape_of(sample) if position else first_shape
+        if shape != first_shape:
+            raise _mismatch_error(position, shape, first_shape)
+        if None in shape:
+            raise ValueError(
+                f"cannot stack sample {position} of shape {shape}: its nested lists differ in "
+                f"length; {_PAD_HINT}"
+            )
+
+
+def _uniform_lists(data) -> bool:
+    """Whether list samples nest lists of equal lengths at every level (checked per level, not
+    per number), so that ``np.asarray`` will not meet a ragged list."""
+    level = data
+    while level and type(level[0]) is list:
+        length = len(level[0])
+        for node in level:
+            if type(node) is not list or len(node) != length:
+                return False
+        level = [item for node in level for item in node]
+    return True
+
+
+def _output_dtype(dtype: np.dtype) -> np.dtype:
+    """``dtype`` if an NDArray can hold it, else a ``TypeError`` that says which can."""
+    if dtype in _MX_DTYPES:
+        return dtype
+    native = dtype.newbyteorder("=")
+    if native in _MX_DTYPES:
+        return native
+    raise TypeError(
+        f"cannot batchify samples of dtype {dtype}: MXNet NDArrays hold only {_MX_DTYPE_NAMES}; "
+        "convert the samples, or use batchify.Stack(dtype=...)"
+    )
+
+
+def _check_dtype(owner: str, dtype) -> typing.Optional[np.dtype]:
+    if dtype is None:
+        return None
+    try:
+        resolved = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"{owner}: dtype must be None or a numpy dtype ({_MX_DTYPE_NAMES}), "
+            f"got {_describe(dtype)}"
+        ) from None
+    if resolved not in _MX_DTYPES:
+        raise ValueError(
+            f"{owner}: dtype must be None or one of {_MX_DTYPE_NAMES} (the dtypes MXNet "
+            f"NDArrays hold), got {dtype!r}"
+        )
+    return resolved
+
+
+def _check_callable(owner: str, name: str, fn) -> None:
+    if not callable(fn):
+        raise TypeError(
+            f"{owner}: {name} must be a callable batchify function, got {_describe(fn)}"
+        )
+
+
+def _stack_arrays(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.ndarray]:
+    """Stack array samples (numpy or NDArray) into one allocator buffer.
+
+    Returns ``None`` when the arrays hold no numbers (strings, objects).
+    """
+    # One pass: a (1, ...) view of every sample, ready to concatenate into the output buffer.
+    views = [a[None] if type(a) is np.ndarray else _to_numpy(a)[None] for a in data]
+    try:
+        found = np.result_type(*views)
+    except TypeError:  # no common dtype, e.g. strings and numbers
+        return None
+    if found.kind in _NON_NUMERIC_KINDS:
+        return None
+    if dtype is None:
+        dtype = _output_dtype(found)
+    buf = _alloc.empty((len(views),) + views[0].shape[1:], dtype)
+    try:
+        np.concatenate(views, out=buf, casting="unsafe")
+    except ValueError:
+        # numpy checks the shapes for us; only a failure pays for finding the culprit.
+        _check_same_shapes([v[0] for v in views])
+        raise
+    return buf
+
+
+def _stack_values(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.ndarray]:
+    """Stack numbers, numpy scalars or nested lists of them into one allocator buffer.
+
+    Returns ``None`` when the values are not numbers (strings, ``None``, objects).
+    """
+    first = data[0]
+    # Compare list lengths before numpy sees ragged lists: it would warn and build objects.
+    if type(first) is list and not _uniform_lists(data):
+        if not _is_numeric_leaf(_first_leaf(data)):
+            return None
+        _check_same_shapes(data)
+    try:
+        values = np.asarray(data)
+    except ValueError:
+        # numpy refuses some ragged inputs outright; say which sample it was.
+        _check_same_shapes(data)
+        raise
+    found = values.dtype
+    if found.kind in _NON_NUMERIC_KINDS:
+        if found.kind == "O" and _is_numeric_leaf(_first_leaf(data)):
+            _check_same_shapes(data)
+        return None
+    buf = _alloc.empty(values.shape, _output_dtype(found) if dtype is None else dtype)
+    np.copyto(buf, values, casting="unsafe")
+    return buf
+
+
+def _stack(data, dtype: typing.Optional[np.dtype] = None) -> typing.Optional[np.ndarray]:
+    """Stack the leaves of one batch into an allocator buffer, or ``None`` if not numeric."""
+    if len(data) == 0:
+        raise ValueError("cannot batchify an empty batch: it has no samples")
+    if _is_array(data[0]):
+        return _stack_arrays(data, dtype)
+    return _stack_values(data, dtype)
+
+
+def _fields(data, count: int, owner: str) -> typing.Iterator[tuple]:
+    """Transpose samples of ``count`` fields each into ``count`` tuples of values."""
+    try:
+        lengths = set(map(len, data))
+    except TypeError:
+        lengths = None
+    if lengths != {count}:
+        for position, sample in enumerate(data):
+            if not hasattr(sample, "__len__"):
+                raise TypeError(
+                    f"{owner}: sample {position} must be a tuple or list of {count} fields, "
+                    f"got {_describe(sample)}"
+                )
+            if len(sample) != count:
+                raise ValueError(
+                    f"{owner}: sample {position} has {len(sample)} fields, expected {count}: "
+                    f"{_describe(sample)}"
+                )
+    return zip(*data)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gluon's default
+
+
+def default_batchify_fn(data: typing.Sequence[typing.Any]):
+    """Collate a list of samples into a batch, as Gluon 1.9.1's ``default_batchify_fn`` does.
+
+    - NDArray or numpy-array samples are stacked along a new first axis.
+    - Tuple samples give a *list* with one batch per field, batchified recursively.
+    - Anything else goes through ``np.asarray(data)`` and keeps that dtype: Python ints
+      become int64, Python floats float64, numpy scalars keep their dtype.
+
+    Extensions beyond Gluon, which would fail on these inputs:
+
+    - Dict samples give a dict with one batch per key (every sample needs the same keys).
+    - Namedtuple samples give the same namedtuple type, one batch per field (Gluon gives a
+      list).
+    - Leaves that are not numbers (strings, ``None``, other objects) come back as the plain
+      Python list of those leaves.
+    - Samples of different shapes raise a ``ValueError`` that names the first offending
+      sample and both shapes; tuple samples with different numbers of fields raise too
+      (Gluon silently drops the extra fields).
+
+    Parameters
+    ----------
+    data : sequence
+        The samples of one batch.
+
+    Returns
+    -------
+    NDArray, list, dict or namedtuple
+        The batch. Inside a worker the array leaves are numpy arrays instead of NDArrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from shardloader.batchify import default_batchify_fn
+    >>> batch = default_batchify_fn([np.array([1.0, 2.0], dtype=np.float32),
+    ...                              np.array([3.0, 4.0], dtype=np.float32)])
+    >>> batch.asnumpy()
+    array([[1., 2.],
+           [3., 4.]], dtype=float32)
+    >>> data, label = default_batchify_fn([(np.zeros(3), 0), (np.ones(3), 1)])
+    >>> data.shape, label.asnumpy()
+    ((2, 3), array([0, 1]))
+    >>> batch = default_batchify_fn([{"x": 1.5, "name": "a"}, {"x": 2.5, "name": "b"}])
+    >>> batch["x"].asnumpy(), batch["name"]
+    (array([1.5, 2.5]), ['a', 'b'])
+    """
+    first = data[0] if len(data) else None
+    if isinstance(first, tuple):
+        fields = _fields(data, len(first), "default_batchify_fn")
+        container = type(first)
+        if hasattr(container, "_fields"):
+            for position, sample in enumerate(data):
+                if type(sample) is not container:
+                    raise TypeError(
+                        f"default_batchify_fn: sample {position} is {_describe(sample)}, but "
+                        f"sample 0 is a {container.__name__}; all samples must have one type"
+                    )
+            return container(*[default_batchify_fn(field) for field in fields])
+        return [default_batchify_fn(field) for field in fields]
+    if isinstance(first, dict):
+        return _batchify_dicts(data)
+    buf = _stack(data)
+    if buf is None:
+        return list(data)
+    return _alloc.to_output(buf)
+
+
+def _batchify_dicts(data) -> dict:
+    keys = data[0].keys()
+    for position, sample in enumerate(data):
+        if not isinstance(sample, dict) or sample.keys() != keys:
+            raise ValueError(
+                f"default_batchify_fn: sample {position} must be a dict with the keys of "
+                f"sample 0 {sorted(keys, key=repr)}, got {_describe(sample)}"
+            )
+    return {key: default_batchify_fn([sample[key] for sample in data]) for key in keys}
+
+
+default_mp_batchify_fn = default_batchify_fn
+"""Gluon's name for the batchify function its worker processes use; the same function here,
+since the transport, not the batchify function, decides where the buffers live."""
+
+
+# ----------------------------------------------------------------------------------------------
+# gluon-nlp's batchify functions
+
+
+class Stack:
+    """Stack samples of one shape along a new first axis.
+
+    Samples may be NDArrays, numpy arrays, numbers, or lists of numbers; lists are read with
+    ``np.asarray``, so ``[1, 2]`` becomes an int64 row.
+
+    Parameters
+    ----------
+    dtype : str or numpy.dtype, optional
+        The dtype of the batch. The default keeps the samples' dtype (promoted, if the samples
+        differ).
+
+    Raises
+    ------
+    ValueError
+        At call time, if the samples' shapes differ (the message names the first offending
+        sample), or if the batch is empty.
+    TypeError
+        At call time, if the samples are not numbers (use :class:`List` for those).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from shardloader.batchify import Stack
+    >>> Stack()([[1, 2, 3], [4, 5, 6]]).asnumpy()
+    array([[1, 2, 3],
+           [4, 5, 6]])
+    >>> Stack(dtype="float32")([np.array([1, 2]), np.array([3, 4])]).asnumpy()
+    array([[1., 2.],
+           [3., 4.]], dtype=float32)
+    """
+
+    def __init__(self, dtype=None) -> None:
+        self._dtype = _check_dtype("Stack", dtype)
+
+    def __call__(self, data: typing.Sequence[typing.Any]):
+        """Stack ``data``, the samples of one batch, into an NDArray of shape ``(N, ...)``."""
+        buf = _stack(data, self._dtype)
+        if buf is None:
+            raise TypeError(
+                f"Stack: cannot stack samples that are not numbers, such as "
+                f"{_describe(_first_leaf(data))}; use batchify.List to keep them as a list"
+            )
+        return _alloc.to_output(buf)
+
+    def __repr__(self) -> str:
+        return f"Stack(dtype={_dtype_repr(self._dtype)})"
+
+
+class Pad:
+    """Pad variable-length samples to the longest along ``axis``, then stack them.
+
+    Every sample must have the same number of dimensions and the same size on every axis but
+    ``axis``. Samples may be NDArrays, numpy arrays or (nested) lists of numbers.
+
+    Parameters
+    ----------
+    axis : int, default 0
+        The axis of each sample to pad (negative values count from the end). The batch has one
+        more axis in front, so a sample's ``axis`` is the batch's ``axis + 1``.
+    pad_val : int or float, default 0
+        The value written in the padding.
+    ret_length : bool, default False
+        Also return each sample's length along ``axis``, as an int32 array of shape ``(N,)``
+        (gluon-nlp's ``valid_length``).
+    dtype : str or numpy.dtype, optional
+        The dtype of the batch. By default array samples keep their dtype (promoted, if they
+        differ) and list samples give float32, as in gluon-nlp.
+    round_to : int, optional
+        Round the padded length up to a multiple of this, for instance to keep the number of
+        distinct shapes small.
+
+    Returns
+    -------
+    NDArray, or a tuple ``(NDArray, NDArray)`` with ``ret_length``
+        The padded batch of shape ``(N, ...)``, and with ``ret_length`` the int32 lengths.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from shardloader.batchify import Pad
+    >>> Pad()([[1, 2, 3, 4], [5, 6], [7]]).asnumpy()
+    array([[1., 2., 3., 4.],
+           [5., 6., 0., 0.],
+           [7., 0., 0., 0.]], dtype=float32)
+    >>> batch, length = Pad(pad_val=-1, ret_length=True, round_to=4)(
+    ...     [np.array([1, 2, 3, 4, 5]), np.array([6, 7])])
+    >>> batch.asnumpy()
+    array([[ 1,  2,  3,  4,  5, -1, -1, -1],
+           [ 6,  7, -1, -1, -1, -1, -1, -1]])
+    >>> length.asnumpy()
+    array([5, 2], dtype=int32)
+    >>> Pad(axis=1)([np.ones((2, 3)), np.ones((2, 1))]).shape
+    (2, 2, 3)
+    """
+
+    def __init__(
+        self,
+        axis: int = 0,
+        pad_val: typing.Union[int, float] = 0,
+        ret_length: bool = False,
+        dtype=None,
+        round_to: typing.Optional[int] = None,
+    ) -> None:
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+            raise TypeError(f"Pad: axis must be an int, got {_describe(axis)}")
+        if not isinstance(pad_val, numbers.Real):
+            raise TypeError(f"Pad: pad_val must be an int or a float, got {_describe(pad_val)}")
+        if not isinstance(ret_length, (bool, np.bool_)):
+            raise TypeError(f"Pad: ret_length must be True or False, got {_describe(ret_length)}")
+        if round_to is not None:
+            if isinstance(round_to, bool) or not isinstance(round_to, (int, np.integer)):
+                raise TypeError(
+                    f"Pad: round_to must be None or a positive int, got {_describe(round_to)}"
+                )
+            if round_to < 1:
+                raise ValueError(f"Pad: round_to must be None or a positive int, got {round_to}")
+            round_to = int(round_to)
+        self._axis = int(axis)
+        self._pad_val = pad_val
+        self._ret_length = bool(ret_length)
+        self._dtype = _check_dtype("Pad", dtype)
+        self._round_to = round_to
+
+    def __call__(self, data: typing.Sequence[typing.Any]):
+        """Pad and stack ``data``, the samples of one batch."""
+        if len(data) == 0:
+            raise ValueError("Pad: cannot batchify an empty batch: it has no samples")
+        arrays = [_to_numpy(sample) for sample in data]
+        first = arrays[0]
+        axis = self._normalized_axis(first)
+        self._check_shapes(arrays, axis)
+        lengths = [a.shape[axis] for a in arrays]
+        size = max(lengths)
+        if self._round_to is not None:
+            size = -(-size // self._round_to) * self._round_to
+        buf = _alloc.empty(
+            (len(arrays),) + first.shape[:axis] + (size,) + first.shape[axis + 1 :],
+            self._batch_dtype(data[0], arrays),
+        )
+        lead = (slice(None),) * axis
+        for row, array, length in zip(buf, arrays, lengths):
+            if length == size:
+                row[...] = array
+            else:
+                row[lead + (slice(0, length),)] = array
+                row[lead + (slice(length, None),)] = self._pad_val
+        padded = _alloc.to_output(buf)
+        if not self._ret_length:
+            return padded
+        valid = _alloc.empty((len(lengths),), np.int32)
+        valid[:] = lengths
+        return padded, _alloc.to_output(valid)
+
+    def _normalized_axis(self, first: np.ndarray) -> int:
+        if not -first.ndim <= self._axis < first.ndim:
+            raise ValueError(
+                f"Pad: axis {self._axis} is out of range for samples of shape {first.shape}; "
+                f"it must be in [{-first.ndim}, {first.ndim})"
+            )
+        return self._axis % first.ndim
+
+    @staticmethod
+    def _check_shapes(arrays, axis: int) -> None:
+        first = arrays[0].shape
+        for position, array in enumerate(arrays):
+            shape = array.shape
+            if len(shape) != len(first) or any(
+                a != b for i, (a, b) in enumerate(zip(shape, first)) if i != axis
+            ):
+                raise ValueError(
+                    f"Pad: cannot pad sample {position} of shape {shape} to sample 0 of shape "
+                    f"{first}: only axis {axis} may differ"
+                )
+
+    def _batch_dtype(self, first_sample, arrays) -> np.dtype:
+        found = np.result_type(*{a.dtype for a in arrays})
+        if found.kind in _NON_NUMERIC_KINDS:
+            raise TypeError(
+                f"Pad: cannot pad samples that are not numbers, such as "
+                f"{_describe(_first_leaf(arrays))}; use batchify.List to keep them"
+            )
+        if self._dtype is not None:
+            return self._dtype
+        if not _is_array(first_sample):
+            # gluon-nlp hands list samples to mx.nd.array without a dtype: float32.
+            return np.dtype(np.float32)
+        return _output_dtype(found)
+
+    def __repr__(self) -> str:
+        return (
+            f"Pad(axis={self._axis}, pad_val={self._pad_val!r}, ret_length={self._ret_length}, "
+            f"dtype={_dtype_repr(self._dtype)}, round_to={self._round_to})"
+        )
+
+
+class Tuple:
+    """Apply one batchify function per field of tuple (or list) samples.
+
+    Parameters
+    ----------
+    fn : callable, or a list or tuple of callables
+        The batchify function of field 0, or the functions of all fields.
+    *fns : callable
+        The batchify functions of fields 1, 2, ... (only when ``fn`` is a single callable).
+
+    Returns
+    -------
+    tuple
+        One batch per field, in field order.
+
+    Raises
+    ------
+    ValueError
+        At call time, if a sample does not have one field per function.
+
+    Examples
+    --------
+    >>> from shardloader.batchify import Pad, Stack, Tuple
+    >>> tokens, label = Tuple(Pad(), Stack())([([1, 2, 3], 0), ([4], 1)])
+    >>> tokens.asnumpy()
+    array([[1., 2., 3.],
+           [4., 0., 0.]], dtype=float32)
+    >>> label.asnumpy()
+    array([0, 1])
+    """
+
+    def __init__(self, fn, *fns) -> None:
+        if isinstance(fn, (list, tuple)):
+            if fns:
+                raise ValueError(
+                    "Tuple: pass the functions as Tuple(a, b, c) or Tuple([a, b, c]), not both; "
+                    f"got fn={fn!r} and {len(fns)} more"
+                )
+            fns = tuple(fn)
+        else:
+            fns = (fn,) + fns
+        if not fns:
+            raise ValueError("Tuple: needs at least one batchify function, got an empty list")
+        for index, each in enumerate(fns):
+            _check_callable("Tuple", f"fn[{index}]", each)
+        self._fns = fns
+
+    def __call__(self, data: typing.Sequence[typing.Any]) -> tuple:
+        """Batchify field ``i`` of every sample in ``data`` with function ``i``."""
+        if len(data) == 0:
+            raise ValueError("Tuple: cannot batchify an empty batch: it has no samples")
+        fields = _fields(data, len(self._fns), "Tuple")
+        return tuple(fn(list(field)) for fn, field in zip(self._fns, fields))
+
+    def __repr__(self) -> str:
+        return f"Tuple({', '.join(map(repr, self._fns))})"
+
+
+class List:
+    """Return the samples as a plain list, unchanged (for text, ids and other objects).
+
+    Examples
+    --------
+    >>> from shardloader.batchify import List, Stack, Tuple
+    >>> _, words = Tuple(Stack(), List())([([1, 2], "hello"), ([3, 4], "world")])
+    >>> words
+    ['hello', 'world']
+    """
+
+    def __call__(self, data: typing.Sequence[typing.Any]) -> list:
+        """The samples of one batch, as a list."""
+        return list(data)
+
+    def __repr__(self) -> str:
+        return "List()"
+
+
+class Dict:
+    """Apply one batchify function per key of dict samples.
+
+    Parameters
+    ----------
+    fn_dict : dict
+        Maps each key to the batchify function of that key's values. Keys of the samples that
+        are not in ``fn_dict`` are left out of the batch.
+
+    Returns
+    -------
+    dict
+        One batch per key of ``fn_dict``, in its order.
+
+    Examples
+    --------
+    >>> from shardloader.batchify import Dict, Pad, Stack
+    >>> batch = Dict({"data": Pad(), "label": Stack()})(
+    ...     [{"data": [1, 2, 3], "label": 0}, {"data": [4], "label": 1}])
+    >>> batch["data"].asnumpy()
+    array([[1., 2., 3.],
+           [4., 0., 0.]], dtype=float32)
+    >>> batch["label"].asnumpy()
+    array([0, 1])
+    """
+
+    def __init__(self, fn_dict: typing.Mapping[typing.Any, Batchify]) -> None:
+        if not isinstance(fn_dict, typing.Mapping):
+            raise TypeError(
+                f"Dict: fn_dict must be a dict of key -> batchify function, got "
+                f"{_describe(fn_dict)}"
+            )
+        for key, fn in fn_dict.items():
+            _check_callable("Dict", f"fn_dict[{key!r}]", fn)
+        self._fn_dict = dict(fn_dict)
+
+    def __call__(self, data: typing.Sequence[typing.Any]) -> dict:
+        """Batchify the values of each key of ``fn_dict`` across the samples in ``data``."""
+        for position, sample in enumerate(data):
+            if not isinstance(sample, typing.Mapping):
+                raise TypeError(f"Dict: sample {position} must be a dict, got {_describe(sample)}")
+            missing = [key for key in self._fn_dict if key not in sample]
+            if missing:
+                raise ValueError(
+                    f"Dict: sample {position} lacks the keys {missing}; it has {list(sample)}"
+                )
+        return {key: fn([sample[key] for sample in data]) for key, fn in self._fn_dict.items()}
+
+    def __repr__(self) -> str:
+        return f"Dict({self._fn_dict!r})"
+
+
+class NamedTuple:
+    """Apply one batchify function per field of namedtuple samples; return that namedtuple.
+
+    Parameters
+    ----------
+    container : type
+        The namedtuple class of the samples (and of the batch).
+    fn_info : list, tuple or dict
+        The batchify functions, one per field, in field order or keyed by field name.
+
+    Examples
+    --------
+    >>> from collections import namedtuple
+    >>> from shardloader.batchify import NamedTuple, Pad, Stack
+    >>> Sample = namedtuple("Sample", ["data", "label"])
+    >>> batchify = NamedTuple(Sample, {"data": Pad(), "label": Stack()})
+    >>> batch = batchify([Sample([1, 2, 3], 0), Sample([4], 1)])
+    >>> type(batch).__name__, batch.data.shape, batch.label.asnumpy()
+    ('Sample', (2, 3), array([0, 1]))
+    """
+
+    def __init__(self, container: type, fn_info) -> None:
+        if not (isinstance(container, type) and issubclass(container, tuple)) or not hasattr(
+            container, "_fields"
+        ):
+            raise TypeError(
+                f"NamedTuple: container must be a namedtuple class, got {_describe(container)}"
+            )
+        fields = tuple(container._fields)
+        if isinstance(fn_info, typing.Mapping):
+            missing = [name for name in fields if name not in fn_info]
+            extra = [name for name in fn_info if name not in fields]
+            if missing or extra:
+                raise ValueError(
+                    f"NamedTuple: fn_info must have one function per field of "
+                    f"{container.__name__} {list(fields)}; missing {missing}, unknown {extra}"
+                )
+            fns = tuple(fn_info[name] for name in fields)
+        elif isinstance(fn_info, (list, tuple)):
+            if len(fn_info) != len(fields):
+                raise ValueError(
+                    f"NamedTuple: fn_info must have {len(fields)} functions, one per field of "
+                    f"{container.__name__} {list(fields)}, got {len(fn_info)}"
+                )
+            fns = tuple(fn_info)
+        else:
+            raise TypeError(
+                f"NamedTuple: fn_info must be a list, tuple or dict of batchify functions, got "
+                f"{_describe(fn_info)}"
+            )
+        for name, fn in zip(fields, fns):
+            _check_callable("NamedTuple", f"fn_info[{name!r}]", fn)
+        self._container = container
+        self._fns = fns
+
+    def __call__(self, data: typing.Sequence[typing.Any]):
+        """Batchify each field across the samples in ``data``; return a ``container``."""
+        if len(data) == 0:
+            raise ValueError("NamedTuple: cannot batchify an empty batch: it has no samples")
+        for position, sample in enumerate(data):
+            if not isinstance(sample, self._container):
+                raise TypeError(
+                    f"NamedTuple: sample {position} must be a {self._container.__name__}, got "
+                    f"{_describe(sample)}"
+                )
+        fields = zip(*data)
+        return self._container(*[fn(list(field)) for fn, field in zip(self._fns, fields)])
+
+    def __repr__(self) -> str:
+        return f"NamedTuple({self._container.__name__}, {list(self._fns)!r})"
+
+
+def _dtype_repr(dtype: typing.Optional[np.dtype]) -> str:
+    return "None" if dtype is None else repr(dtype.name)
+
+
+def is_native(fn: typing.Any) -> bool:
+    """Whether ``fn`` is built only from this module's functions and classes.
+
+    Then every array it returns comes from :func:`shardloader._alloc.to_output`, so a worker
+    process may let it stack straight into shared memory. Any user function in the tree
+    makes the answer ``False`` (its output is still shipped correctly, with one copy).
+
+    >>> is_native(Tuple(Stack(), Pad())), is_native(Tuple(Stack(), len))
+    (True, False)
+    """
+    if fn is default_batchify_fn or isinstance(fn, (Stack, Pad, List)):
+        return True
+    if isinstance(fn, (Tuple, NamedTuple)):
+        return all(is_native(f) for f in fn._fns)
+    if isinstance(fn, Dict):
+        return all(is_native(f) for f in fn._fn_dict.values())
+    return False

@@ -1,0 +1,447 @@
+"""The sampler protocol, argument checks, and Gluon's three index samplers.
+
+Every shardloader sampler keeps two numbers besides its configuration:
+
+- ``epoch``, the epoch its next pass will use. ``set_epoch(e)`` sets it; each call to
+  ``__iter__`` takes it and advances it by one, so a loop that never calls ``set_epoch`` still
+  gets a fresh order on every pass, as with Gluon's ``RandomSampler``.
+- ``offset``, the number of items to skip at the start of the next pass. It is 0 except right
+  after :meth:`Sampler.load_state_dict` restored a state taken in the middle of a pass.
+
+A pass is a pure function of the configuration, the ``seed``, the epoch and whatever a
+subclass carries between epochs (the rollover leftovers). :meth:`Sampler.state_dict` records
+exactly those, so a freshly built sampler that loads the state replays the rest of the pass
+item for item.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+from mxnet.gluon.data.sampler import Sampler as _GluonSampler
+
+from .._seeding import epoch_rng, fresh_seed
+
+__all__ = ["Sampler", "SequentialSampler", "RandomSampler", "FilterSampler"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks shared by every sampler module.
+
+
+def check_int(name: str, value: Any, minimum: Optional[int] = 0) -> int:
+    """``value`` as an ``int`` no smaller than ``minimum``, or a ``TypeError``/``ValueError``."""
+    if minimum is None:
+        accepted = "an int"
+    elif minimum == 0:
+        accepted = "a non-negative int"
+    elif minimum == 1:
+        accepted = "a positive int"
+    else:
+        accepted = f"an int >= {minimum}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return int(value)
+
+
+def check_number(name: str, value: Any, minimum: float) -> float:
+    """``value`` as a ``float`` no smaller than ``minimum``, or a ``TypeError``/``ValueError``."""
+    accepted = f"a number >= {minimum:g}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
+    if not value >= minimum:
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
+    return float(value)
+
+
+def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
+    """``value`` if it is one of ``choices``, else a ``ValueError`` listing them."""
+    if not isinstance(value, str) or value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {listed}, got {value!r}")
+    return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (numpy's included), else a ``TypeError``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
+def check_seed(seed: Any, random: bool = True) -> Optional[int]:
+    """The base seed: ``seed`` as an ``int``; for ``None``, ``fresh_seed()`` if the sampler
+    is ``random``, else ``None`` (a sampler that never shuffles leaves the global RNG alone)."""
+    if seed is None:
+        return fresh_seed() if random else None
+    return check_int("seed", seed, minimum=None)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with numpy scalars and tuples turned into JSON-ready ints and lists."""
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def plain_dict(state: Dict[str, Any]) -> Dict[str, Any]:
+    """A copy of ``state`` with every value made JSON-ready by :func:`plain`."""
+    return {key: plain_dict(v) if isinstance(v, dict) else plain(v) for key, v in state.items()}
+
+
+def state_value(state: Dict[str, Any], key: str, owner: str) -> Any:
+    """``state[key]``, or a ``ValueError`` saying that the state lacks it."""
+    if key not in state:
+        raise ValueError(f"{owner} state_dict is missing {key!r}; got keys {sorted(state)}")
+    return state[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol.
+
+
+class _Pass:
+    """Book-keeping for one call of ``__iter__``: where it started and how far it got."""
+
+    __slots__ = ("epoch", "position", "replay", "done")
+
+    def __init__(self, epoch: int, position: int, replay: Dict[str, Any]) -> None:
+        self.epoch = epoch
+        self.position = position
+        self.replay = replay
+        self.done = False
+
+
+class Sampler(_GluonSampler):
+    """Base class of shardloader's samplers; a subclass of Gluon's ``Sampler``.
+
+    Subclasses implement ``__len__`` and ``_iter_epoch(epoch, start)``, which yields the items
+    of ``epoch`` from position ``start`` on. This class supplies ``__iter__``, ``set_epoch``,
+    ``state_dict`` and ``load_state_dict`` on top of them (see the module docstring).
+
+    Attributes
+    ----------
+    yields_steps : bool
+        True when every item is a step (a list of ``num_shards`` index lists) rather than an
+        index or a batch of indices.
+
+    Examples
+    --------
+    >>> class Evens(Sampler):
+    ...     def __init__(self, n):
+    ...         self._n = n
+    ...     def __len__(self):
+    ...         return self._n
+    ...     def _iter_epoch(self, epoch, start):
+    ...         return iter(range(2 * start, 2 * self._n, 2))
+    >>> sampler = Evens(4)
+    >>> list(sampler), sampler.epoch
+    ([0, 2, 4, 6], 1)
+    """
+
+    yields_steps = False
+
+    # Class-level defaults, so that a subclass need not call ``super().__init__()``.
+    _epoch = 0
+    _resume = 0
+    _pass: Optional[_Pass] = None
+
+    def __iter__(self) -> Iterator:
+        epoch, start = self._epoch, self._resume
+        record = _Pass(epoch, start, self._replay_state())
+        self._epoch, self._resume, self._pass = epoch + 1, 0, record
+        return self._tracked(record, self._iter_epoch(epoch, start))
+
+    @staticmethod
+    def _tracked(record: _Pass, items: Iterator) -> Iterator:
+        for item in items:
+            record.position += 1
+            yield item
+        record.done = True
+
+    def _iter_epoch(self, epoch: int, start: int) -> Iterator:
+        """The items of ``epoch``, skipping the first ``start`` of them."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass will use."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass use ``epoch``.
+
+        A position restored by :meth:`load_state_dict` survives only if ``epoch`` is the
+        epoch that state was taken in.
+        """
+        epoch = check_int("epoch", epoch)
+        if epoch != self._epoch:
+            self._resume = 0
+        self._epoch = epoch
+        self._pass = None
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def _config(self) -> Dict[str, Any]:
+        """Constructor arguments that a loaded state must match (JSON-ready values)."""
+        return {}
+
+    def _replay_state(self) -> Dict[str, Any]:
+        """What besides the epoch the next pass depends on: seed, carry, wrapped samplers."""
+        return {}
+
+    def _load_replay_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`_replay_state` recorded; ``state`` has been checked."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """A small, JSON-serialisable snapshot from which the iteration can be resumed.
+
+        Taken during a pass, it records the epoch and the number of items yielded so far, so
+        the next pass of a sampler that loads it continues where this one is. Taken between
+        passes, it records the next epoch and an offset of 0.
+        """
+        record = self._pass
+        if record is not None and not record.done:
+            epoch, offset, replay = record.epoch, record.position, record.replay
+        else:
+            epoch, offset, replay = self._epoch, self._resume, self._replay_state()
+        state: Dict[str, Any] = {"type": type(self).__name__}
+        state.update(self._config())
+        state.update(epoch=epoch, offset=offset)
+        state.update(replay)
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore a snapshot taken by :meth:`state_dict` on an identically built sampler.
+
+        Raises
+        ------
+        ValueError
+            If the state belongs to another sampler type or to different arguments.
+        """
+        name = type(self).__name__
+        if not isinstance(state, dict):
+            raise TypeError(f"{name} state must be a dict, got {type(state).__name__}")
+        kind = state_value(state, "type", name)
+        if kind != name:
+            raise ValueError(f"state_dict is for a {kind}, cannot load it into a {name}")
+        for key, expected in self._config().items():
+            found = state_value(state, key, name)
+            if plain(found) != expected:
+                raise ValueError(
+                    f"{name} state_dict mismatch: {key} is {found!r} in the state "
+                    f"but {expected!r} in this sampler"
+                )
+        epoch = check_int("state_dict['epoch']", state_value(state, "epoch", name))
+        offset = check_int("state_dict['offset']", state_value(state, "offset", name))
+        self._load_replay_state(state)
+        self._epoch, self._resume, self._pass = epoch, 0, None
+        total = len(self)
+        if offset > total:
+            raise ValueError(
+                f"{name} state_dict offset {offset} is past the end of the epoch ({total} items)"
+            )
+        self._resume = offset
+
+
+class _SeededMixin:
+    """The ``seed`` attribute and its place in the state of a random sampler."""
+
+    _seed: Optional[int]
+
+    @property
+    def seed(self) -> Optional[int]:
+        """The base seed: the order of a pass is a function of ``(seed, epoch)``."""
+        return self._seed
+
+    def _replay_state(self) -> Dict[str, Any]:
+        return {"seed": self._seed}
+
+    def _load_replay_state(self, state: Dict[str, Any]) -> None:
+        seed = state_value(state, "seed", type(self).__name__)
+        self._seed = None if seed is None else check_int("state_dict['seed']", seed, None)
+
+
+def forward_epoch(sampler: Any, epoch: int) -> None:
+    """``sampler.set_epoch(epoch)`` if it has one (a plain Gluon sampler has not)."""
+    set_epoch = getattr(sampler, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+
+
+def check_sampler(name: str, sampler: Any) -> Any:
+    """``sampler`` if it looks like a sampler (iterable and sized), else a ``TypeError``."""
+    if not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
+        raise TypeError(
+            f"{name} must be a sampler (an iterable with __len__), got {type(sampler).__name__}"
+        )
+    return sampler
+
+
+class _WrapperMixin:
+    """Epoch forwarding and nested state for a sampler that wraps another one (``_sampler``).
+
+    A pass of the wrapper runs one full pass of the wrapped sampler at the same epoch. The
+    wrapped sampler's state is recorded as of the start of that pass (offset 0), and its
+    length is checked after that state is restored, because a rollover carry changes it.
+    """
+
+    _sampler: Any
+    _epoch: int
+
+    def __iter__(self) -> Iterator:
+        forward_epoch(self._sampler, self._epoch)
+        return super().__iter__()  # type: ignore[misc]
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)  # type: ignore[misc]
+        forward_epoch(self._sampler, self._epoch)
+
+    def _inner_replay(self) -> Dict[str, Any]:
+        inner: Optional[Dict[str, Any]] = None
+        state_dict = getattr(self._sampler, "state_dict", None)
+        if callable(state_dict):
+            inner = dict(state_dict())
+            if "epoch" in inner:
+                inner.update(epoch=self._epoch, offset=0)
+            inner = plain_dict(inner)
+        return {"length": len(self._sampler), "sampler": inner}
+
+    def _load_inner(self, state: Dict[str, Any]) -> None:
+        name = type(self).__name__
+        inner = state_value(state, "sampler", name)
+        load = getattr(self._sampler, "load_state_dict", None)
+        if inner is not None:
+            if not callable(load):
+                raise ValueError(
+                    f"{name} state_dict holds the state of a wrapped sampler, but the wrapped "
+                    f"{type(self._sampler).__name__} has no load_state_dict"
+                )
+            load(inner)
+        length = state_value(state, "length", name)
+        if length != len(self._sampler):
+            raise ValueError(
+                f"{name} state_dict mismatch: the wrapped sampler's length is {length!r} in "
+                f"the state but {len(self._sampler)} here"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Gluon's index samplers.
+
+
+class SequentialSampler(Sampler):
+    """Yields ``start, start + 1, ..., start + length - 1`` on every pass, as Gluon's does.
+
+    Parameters
+    ----------
+    length : int
+        Number of indices.
+    start : int, default 0
+        The first index.
+
+    Examples
+    --------
+    >>> list(SequentialSampler(4, start=2))
+    [2, 3, 4, 5]
+    """
+
+    def __init__(self, length: int, start: int = 0) -> None:
+        self._length = check_int("length", length)
+        self._start = check_int("start", start, minimum=None)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
+        return iter(range(self._start + start, self._start + self._length))
+
+    def _config(self) -> Dict[str, Any]:
+        return {"length": self._length, "start": self._start}
+
+
+class RandomSampler(_SeededMixin, Sampler):
+    """Yields a permutation of ``range(length)`` drawn from ``(seed, epoch)``.
+
+    Unlike Gluon's, which draws from numpy's global RNG, the order does not depend on
+    anything else the program does; it changes with the epoch, which ``set_epoch`` sets and
+    each pass advances.
+
+    Parameters
+    ----------
+    length : int
+        Number of indices.
+    seed : int or None, keyword-only
+        Base seed. ``None`` draws one from numpy's global RNG at construction, so
+        ``np.random.seed(...)`` beforehand makes a program reproducible, as with Gluon.
+
+    Examples
+    --------
+    >>> sampler = RandomSampler(5, seed=42)
+    >>> first = list(sampler)
+    >>> sorted(first)
+    [0, 1, 2, 3, 4]
+    >>> sampler.set_epoch(0)
+    >>> list(sampler) == first
+    True
+    """
+
+    def __init__(self, length: int, *, seed: Optional[int] = None) -> None:
+        self._length = check_int("length", length)
+        self._seed = check_seed(seed)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
+        order = epoch_rng(self._seed, epoch).permutation(self._length)
+        return iter(order[start:].tolist())
+
+    def _config(self) -> Dict[str, Any]:
+        return {"length": self._length}
+
+
+class FilterSampler(Sampler):
+    """Yields, in order, the indices of the samples of ``dataset`` for which ``fn`` is true.
+
+    As in Gluon, ``dataset`` is scanned once, at construction.
+
+    Parameters
+    ----------
+    fn : callable
+        Takes a sample and returns a truth value.
+    dataset : iterable
+        The dataset to filter.
+
+    Examples
+    --------
+    >>> list(FilterSampler(lambda x: x % 3 == 0, [3, 4, 5, 6, 9]))
+    [0, 3, 4]
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], dataset: Iterable) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r} ({type(fn).__name__})")
+        self._fn = fn
+        self._dataset = dataset
+        self._indices: List[int] = [i for i, sample in enumerate(dataset) if fn(sample)]
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
+        return iter(self._indices[start:])
+
+    def _config(self) -> Dict[str, Any]:
+        return {"length": len(self._indices)}

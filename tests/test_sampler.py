@@ -1,0 +1,680 @@
+"""shardloader.sampler: Gluon parity, gluon-nlp behaviour, errors, epochs and state."""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import json
+import pathlib
+import warnings
+
+import numpy as np
+import pytest
+from mxnet.gluon import data as gdata
+
+import shardloader.sampler as S
+from shardloader.sampler import (
+    BatchSampler,
+    ConstWidthBucket,
+    ExpWidthBucket,
+    FilterSampler,
+    FixedBucketSampler,
+    LinearWidthBucket,
+    PartitionSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    ShardGroupSampler,
+    SortedBucketSampler,
+    SplitSampler,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+POLICIES = ["keep", "discard", "rollover"]
+
+
+def flat(items):
+    return [i for item in items for i in item]
+
+
+def roundtrip(state):
+    """The state as it comes back from a JSON checkpoint."""
+    return json.loads(json.dumps(state))
+
+
+# ---------------------------------------------------------------------------------------------
+# Gluon parity
+
+
+@pytest.mark.parametrize("length,start", [(0, 0), (1, 0), (7, 0), (5, 3)])
+def test_sequential_matches_gluon(length, start):
+    ours, gluon = SequentialSampler(length, start), gdata.SequentialSampler(length, start)
+    assert list(ours) == list(gluon)
+    assert list(ours) == list(gluon)
+    assert len(ours) == len(gluon)
+
+
+def test_filter_matches_gluon():
+    data = list(range(20))
+    ours = FilterSampler(lambda x: x % 3 == 1, data)
+    gluon = gdata.FilterSampler(lambda x: x % 3 == 1, data)
+    assert list(ours) == list(gluon)
+    assert len(ours) == len(gluon)
+
+
+def test_random_is_a_permutation_of_python_ints():
+    sampler = RandomSampler(50, seed=1)
+    order = list(sampler)
+    assert sorted(order) == list(range(50)) and len(sampler) == 50
+    assert all(type(i) is int for i in order)
+
+
+def test_samplers_are_gluon_samplers():
+    assert isinstance(SequentialSampler(3), gdata.Sampler)
+    assert isinstance(BatchSampler(SequentialSampler(3), 2), gdata.Sampler)
+    assert isinstance(FixedBucketSampler([1, 2, 3], 2), Sampler)
+
+
+@pytest.mark.parametrize("last_batch", POLICIES)
+@pytest.mark.parametrize("length,batch_size", [(0, 3), (1, 3), (9, 3), (10, 3), (11, 4), (5, 7)])
+def test_batch_sampler_matches_gluon_over_epochs(length, batch_size, last_batch):
+    ours = BatchSampler(SequentialSampler(length), batch_size, last_batch)
+    gluon = gdata.BatchSampler(gdata.SequentialSampler(length), batch_size, last_batch)
+    for _ in range(5):
+        assert len(ours) == len(gluon)
+        assert list(ours) == list(gluon)
+        assert len(ours) == len(gluon)
+
+
+@pytest.mark.parametrize("last_batch", POLICIES)
+def test_batch_sampler_over_a_plain_gluon_sampler(last_batch):
+    # Gluon's RandomSampler has no set_epoch: its own global-RNG order is used, as in Gluon.
+    np.random.seed(11)
+    gluon = list(gdata.BatchSampler(gdata.RandomSampler(10), 3, last_batch))
+    np.random.seed(11)
+    ours = BatchSampler(gdata.RandomSampler(10), 3, last_batch)
+    assert list(ours) == gluon
+    state = roundtrip(ours.state_dict())
+    assert state["sampler"] is None
+
+
+def test_rollover_len_counts_the_carry():
+    sampler = BatchSampler(SequentialSampler(10), 4, "rollover")
+    assert len(sampler) == 2
+    assert list(sampler) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert len(sampler) == 3  # 2 carried + 10
+    assert list(sampler)[0] == [8, 9, 0, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharded steps and partitions
+
+
+def test_shard_groups_keep_discard_rollover():
+    def groups(policy):
+        return ShardGroupSampler(BatchSampler(SequentialSampler(10), 2), 3, policy)
+
+    assert list(groups("keep")) == [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8, 9]]]
+    assert list(groups("discard")) == [[[0, 1], [2, 3], [4, 5]]]
+    rolling = groups("rollover")
+    assert (len(rolling), list(rolling)) == (1, [[[0, 1], [2, 3], [4, 5]]])
+    assert len(rolling) == 2  # 2 batches carried + 5
+    assert list(rolling) == [[[6, 7], [8, 9], [0, 1]], [[2, 3], [4, 5], [6, 7]]]
+
+
+def test_shard_group_rejects_steps_and_indices():
+    steps = FixedBucketSampler([1, 2, 3, 4], 1, num_shards=2)
+    with pytest.raises(ValueError, match="yields steps"):
+        ShardGroupSampler(steps, 2)
+    with pytest.raises(ValueError, match="yields steps"):
+        ShardGroupSampler(ShardGroupSampler(BatchSampler(SequentialSampler(4), 1), 2), 2)
+
+    class GluonNlpStyle(gdata.Sampler):  # yields steps but does not say so
+        def __iter__(self):
+            return iter([[[0], [1]], [[2], [3]]])
+
+        def __len__(self):
+            return 2
+
+    with pytest.raises(ValueError, match="yields steps"):
+        list(ShardGroupSampler(GluonNlpStyle(), 2))
+    with pytest.raises(TypeError, match="yielded the index 0; wrap it in a BatchSampler"):
+        list(ShardGroupSampler(SequentialSampler(4), 2))
+
+
+def test_batch_sampler_rejects_a_step_sampler():
+    with pytest.raises(ValueError, match="sampler must yield indices"):
+        BatchSampler(FixedBucketSampler([1, 2, 3], 1, num_shards=2), 2)
+
+
+def test_partition_is_disjoint_and_covers_each_epoch():
+    parts = [PartitionSampler(RandomSampler(23, seed=5), 4, i) for i in range(4)]
+    for epoch in range(3):
+        for part in parts:
+            part.set_epoch(epoch)
+        chunks = [list(p) for p in parts]
+        assert [len(c) for c in chunks] == [len(p) for p in parts] == [6, 6, 6, 5]
+        assert sorted(flat(chunks)) == list(range(23))
+    whole = RandomSampler(23, seed=5)
+    whole.set_epoch(2)
+    assert flat(chunks) == list(whole)
+
+
+def test_partition_even_size_pads_from_its_own_part():
+    parts = [PartitionSampler(SequentialSampler(10), 4, i, even_size=True) for i in range(4)]
+    assert [list(p) for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 6], [8, 9, 8]]
+    assert [len(p) for p in parts] == [3, 3, 3, 3]
+    batches = PartitionSampler(BatchSampler(SequentialSampler(7), 2), 3, 2, even_size=True)
+    assert list(batches) == [[6], [6]] and len(batches) == 2
+
+
+def test_partition_needs_enough_items_for_even_size():
+    with pytest.raises(ValueError, match="even_size=True needs a sampler with at least"):
+        PartitionSampler(SequentialSampler(2), 3, 0, even_size=True)
+    assert list(PartitionSampler(SequentialSampler(2), 3, 2)) == []
+
+
+def test_partition_forwards_steps_flag():
+    steps = FixedBucketSampler([1, 2, 3, 4], 1, num_shards=2)
+    assert PartitionSampler(steps, 2, 0).yields_steps
+    assert not PartitionSampler(SequentialSampler(4), 2, 0).yields_steps
+
+
+def test_split_sampler_parts():
+    # gluon-nlp's documented contract: disjoint contiguous parts covering every index.
+    parts = [SplitSampler(10, 3, i, shuffle=False) for i in range(3)]
+    assert [list(p) for p in parts] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    even = [SplitSampler(10, 3, i, even_size=True, seed=3) for i in range(3)]
+    assert [len(p) for p in even] == [4, 4, 4]
+    for i, part in enumerate(even):
+        got = list(part)
+        assert len(got) == 4 and set(got) == set(range(10)[[0, 4, 7][i] : [4, 7, 10][i]])
+    assert len(SplitSampler(10, 3, 1, repeat=3, seed=0)) == 9
+    repeated = list(SplitSampler(10, 3, 1, repeat=3, seed=0))
+    assert [sorted(repeated[k : k + 3]) for k in (0, 3, 6)] == [[4, 5, 6]] * 3
+
+
+def test_split_sampler_shuffles_each_epoch_from_its_seed():
+    sampler = SplitSampler(100, 2, 1, seed=9)
+    first, second = list(sampler), list(sampler)
+    assert sorted(first) == sorted(second) == list(range(50, 100))
+    assert first != second
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+
+
+# ---------------------------------------------------------------------------------------------
+# Bucketing (gluon-nlp's documented behaviour)
+
+
+def test_bucket_schemes_follow_the_documented_formulas():
+    assert ConstWidthBucket()(100, 1, 4) == [100, 75, 50, 25]
+    assert ConstWidthBucket()(5, 3, 10) == [5, 4, 3, 3, 3, 3, 3, 3, 3, 3]
+    lo, hi, n = 10, 100, 4
+    alpha = 2 * (hi - lo - n) / (n * (n + 1))
+    linear = [round(lo + alpha * (i + 1) * (i + 2) / 2 + i + 1) for i in range(n)]
+    assert LinearWidthBucket()(hi, lo, n) == linear
+    step = 1.5
+    w0 = (hi - lo) * (step - 1) / (step**n - 1)
+    exp = [round(lo + w0 * (step ** (i + 1) - 1) / (step - 1)) for i in range(n)]
+    assert ExpWidthBucket(step)(hi, lo, n) == exp
+    for scheme in (ConstWidthBucket(), LinearWidthBucket(), ExpWidthBucket()):
+        assert max(scheme(77, 3, 6)) == 77
+        keys = scheme((50, 9), (2, 4), 3)
+        assert keys == list(zip(scheme(50, 2, 3), scheme(9, 4, 3)))
+
+
+def test_fixed_bucket_assignment_batch_sizes_and_order():
+    lengths = [3, 9, 4, 8, 2, 10, 7, 1, 5]
+    sampler = FixedBucketSampler(lengths, 2, bucket_keys=[5, 10], ratio=1.0)
+    assert sampler.bucket_keys == [5, 10]
+    # B_i = max(int(ratio * B * max_key / key_i), B)
+    assert sampler.bucket_batch_sizes == [4, 2]
+    batches = list(sampler)
+    # Largest key first, each bucket in sample order.
+    assert batches == [[1, 3], [5, 6], [0, 2, 4, 7], [8]]
+    assert len(sampler) == 4
+    for batch in batches:
+        keys = {sampler.bucket_keys[sampler.bucket_of()[i]] for i in batch}
+        assert len(keys) == 1
+        assert all(lengths[i] <= min(keys) for i in batch)
+
+
+def test_fixed_bucket_generated_keys_and_stats():
+    lengths = list(range(1, 101))
+    sampler = FixedBucketSampler(lengths, 8, num_buckets=4)
+    assert sampler.bucket_keys == sorted(ConstWidthBucket()(100, 1, 4))
+    text = sampler.stats()
+    assert text.splitlines() == [
+        "FixedBucketSampler:",
+        "  sample_num=100, batch_num=16",
+        "  key=[25, 50, 75, 100]",
+        "  cnt=[25, 25, 25, 25]",
+        "  batch_size=[8, 8, 8, 8]",
+    ]
+    assert repr(sampler) == text
+
+
+def test_fixed_bucket_tuple_lengths():
+    lengths = [(3, 4), (5, 1), (2, 2), (9, 9), (4, 6)]
+    sampler = FixedBucketSampler(lengths, 2, bucket_keys=[(5, 5), (9, 9), (4, 6)])
+    assert sampler.bucket_keys == [(4, 6), (5, 5), (9, 9)]
+    # Least padding among fitting keys: (3, 4) pads 3 in (4, 6) and 3 in (5, 5): first wins.
+    assert [sampler.bucket_keys[b] for b in sampler.bucket_of()] == [
+        (4, 6),
+        (5, 5),
+        (4, 6),
+        (9, 9),
+        (4, 6),
+    ]
+    assert sorted(flat(sampler)) == list(range(5))
+
+
+def test_fixed_bucket_use_average_length():
+    lengths = [10] * 6 + [20] * 4
+    with pytest.warns(UserWarning, match="ratio=0.5 is ignored"):
+        sampler = FixedBucketSampler(
+            lengths, 40, bucket_keys=[10, 20], use_average_length=True, ratio=0.5
+        )
+    assert sampler.bucket_batch_sizes == [4, 2]  # int(40 / (mean + std))
+
+
+def test_fixed_bucket_warns_about_empty_buckets():
+    with pytest.warns(UserWarning, match="unused bucket keys=\\[5\\]"):
+        sampler = FixedBucketSampler([8, 9, 10], 2, bucket_keys=[5, 10])
+    assert sampler.bucket_keys == [10]
+
+
+def test_fixed_bucket_shards_never_repeat_by_default():
+    lengths = list(range(1, 12))
+    keep = FixedBucketSampler(lengths, 2, bucket_keys=[11], num_shards=4)
+    steps = list(keep)
+    assert len(keep) == len(steps) == 2
+    assert [len(s) for s in steps] == [4, 2]
+    assert sorted(flat(flat(steps))) == list(range(11))
+    discard = FixedBucketSampler(lengths, 2, bucket_keys=[11], num_shards=4, last_group="discard")
+    assert len(discard) == 1 and [len(s) for s in discard] == [4]
+
+
+def test_fixed_bucket_pad_last_group_like_gluon_nlp():
+    lengths = list(range(1, 12))
+    pad = FixedBucketSampler(lengths, 2, bucket_keys=[11], num_shards=4, last_group="pad")
+    steps = list(pad)
+    assert len(pad) == 2 and [len(s) for s in steps] == [4, 4]
+    # gluon-nlp: the last step is the last num_shards batches of the epoch.
+    assert steps[1] == [[4, 5], [6, 7], [8, 9], [10]]
+    few = FixedBucketSampler([1, 2, 3], 2, bucket_keys=[3], num_shards=3, last_group="pad")
+    assert list(few) == [[[0, 1], [2], [0, 1]]]
+
+
+def test_fixed_bucket_shuffle_is_seeded_and_covers():
+    lengths = np.random.RandomState(0).randint(1, 60, size=300)
+    sampler = FixedBucketSampler(lengths, 16, ratio=0.5, shuffle=True, seed=4)
+    before = np.random.get_state()[1].copy()
+    epochs = [list(sampler) for _ in range(3)]
+    assert np.array_equal(before, np.random.get_state()[1])  # the global RNG is untouched
+    for batches in epochs:
+        assert sorted(flat(batches)) == list(range(300))
+    assert epochs[0] != epochs[1]
+    sampler.set_epoch(1)
+    assert list(sampler) == epochs[1]
+
+
+def test_sorted_bucket_sampler():
+    keys = [5, 1, 4, 2, 3, 6, 9, 7]
+    sampler = SortedBucketSampler(keys, 2, mult=2)
+    # Chunks of mult * batch_size = 4 samples, each sorted in descending key order.
+    assert list(sampler) == [[0, 2], [3, 1], [6, 7], [5, 4]]
+    assert len(sampler) == 4
+    ascending = SortedBucketSampler(keys, 3, mult=1, reverse=False)
+    assert list(ascending) == [[1, 2, 0], [3, 4, 5], [7, 6]]
+    shuffled = SortedBucketSampler(keys, 2, mult=2, shuffle=True, seed=1)
+    for batch in shuffled:
+        assert [keys[i] for i in batch] == sorted((keys[i] for i in batch), reverse=True)
+    assert sorted(flat(shuffled)) == list(range(8))
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument errors
+
+
+@pytest.mark.parametrize(
+    "build,error,message",
+    [
+        (lambda: SequentialSampler(-1), ValueError, "length must be a non-negative int, got -1"),
+        (lambda: RandomSampler(3.0), TypeError, "length must be a non-negative int, got 3.0"),
+        (lambda: RandomSampler(3, seed="x"), TypeError, "seed must be an int, got 'x'"),
+        (lambda: FilterSampler(3, [1]), TypeError, "fn must be callable"),
+        (
+            lambda: BatchSampler(SequentialSampler(3), 0),
+            ValueError,
+            "batch_size must be a positive int, got 0",
+        ),
+        (
+            lambda: BatchSampler(SequentialSampler(3), True),
+            TypeError,
+            "batch_size must be a positive int, got True",
+        ),
+        (
+            lambda: BatchSampler(SequentialSampler(3), 2, "drop"),
+            ValueError,
+            "last_batch must be one of 'keep', 'discard', 'rollover', got 'drop'",
+        ),
+        (lambda: BatchSampler(3, 2), TypeError, "sampler must be a sampler"),
+        (
+            lambda: ShardGroupSampler(BatchSampler(SequentialSampler(3), 1), 0),
+            ValueError,
+            "num_shards must be a positive int, got 0",
+        ),
+        (
+            lambda: ShardGroupSampler(BatchSampler(SequentialSampler(3), 1), 2, "pad"),
+            ValueError,
+            "last_group must be one of 'keep', 'discard', 'rollover', got 'pad'",
+        ),
+        (
+            lambda: PartitionSampler(SequentialSampler(3), 2, 2),
+            ValueError,
+            r"part_index must be an int in \[0, num_parts\) = \[0, 2\), got 2",
+        ),
+        (
+            lambda: PartitionSampler(SequentialSampler(3), 0, 0),
+            ValueError,
+            "num_parts must be a positive int, got 0",
+        ),
+        (
+            lambda: PartitionSampler(SequentialSampler(3), 2, 0, even_size=1),
+            TypeError,
+            "even_size must be a bool, got 1",
+        ),
+        (lambda: SplitSampler(2, 3, 0), ValueError, "length must be at least num_parts=3, got 2"),
+        (lambda: SplitSampler(9, 3, 0, repeat=0), ValueError, "repeat must be a positive int"),
+        (lambda: FixedBucketSampler([], 2), ValueError, "lengths must be a non-empty sequence"),
+        (lambda: FixedBucketSampler([1, 0], 2), ValueError, "lengths must all be positive"),
+        (lambda: FixedBucketSampler([1.5, 2], 2), TypeError, "lengths must be a sequence of ints"),
+        (lambda: FixedBucketSampler([(1, 2), (3,)], 2), ValueError, "equal-size tuples"),
+        (
+            lambda: FixedBucketSampler([1, 2], 2, ratio=-1),
+            ValueError,
+            "ratio must be a number >= 0, got -1",
+        ),
+        (
+            lambda: FixedBucketSampler([1, 2], 2, num_buckets=0),
+            ValueError,
+            "num_buckets must be a positive int, got 0",
+        ),
+        (
+            lambda: FixedBucketSampler([1, 2, 9], 2, bucket_keys=[5]),
+            ValueError,
+            "1 samples fit no bucket, e.g. sample 2 of length 9",
+        ),
+        (
+            lambda: FixedBucketSampler([(1, 2)], 2, bucket_keys=[5]),
+            ValueError,
+            "bucket_keys must be a non-empty sequence of tuples of 2 ints",
+        ),
+        (
+            lambda: FixedBucketSampler([1, 2], 2, num_shards=2, last_group="rollover"),
+            ValueError,
+            "last_group must be one of 'keep', 'discard', 'pad', got 'rollover'",
+        ),
+        (
+            lambda: SortedBucketSampler([1, 2], 2, mult=0.5),
+            ValueError,
+            "mult must be a number >= 1, got 0.5",
+        ),
+        (lambda: SortedBucketSampler([], 2), ValueError, "sort_keys must be a non-empty"),
+        (
+            lambda: ExpWidthBucket(1.0),
+            ValueError,
+            "bucket_len_step must be a number greater than 1, got 1.0",
+        ),
+    ],
+)
+def test_bad_arguments_name_the_argument(build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+
+
+def test_set_epoch_rejects_negative():
+    with pytest.raises(ValueError, match="epoch must be a non-negative int, got -1"):
+        RandomSampler(3, seed=0).set_epoch(-1)
+
+
+def test_package_validates_without_assert_or_print():
+    for path in pathlib.Path(S.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            assert not isinstance(node, ast.Assert), f"assert in {path.name}:{node.lineno}"
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                raise AssertionError(f"print in {path.name}:{node.lineno}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Epochs and seeds
+
+
+RANDOM_BUILDERS = {
+    "random": lambda seed: RandomSampler(200, seed=seed),
+    "batch": lambda seed: BatchSampler(RandomSampler(200, seed=seed), 7, "rollover"),
+    "groups": lambda seed: ShardGroupSampler(
+        BatchSampler(RandomSampler(200, seed=seed), 7), 3, "rollover"
+    ),
+    "partition": lambda seed: PartitionSampler(RandomSampler(200, seed=seed), 3, 1, True),
+    "split": lambda seed: SplitSampler(200, 2, 1, seed=seed),
+    "fixed": lambda seed: FixedBucketSampler(
+        np.arange(200) % 37 + 1, 8, shuffle=True, num_shards=2, seed=seed
+    ),
+    "sorted": lambda seed: SortedBucketSampler(np.arange(200) % 13, 8, 5, shuffle=True, seed=seed),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_BUILDERS))
+def test_order_is_a_function_of_seed_and_epoch(name):
+    build = RANDOM_BUILDERS[name]
+    a, b = build(123), build(123)
+    a.set_epoch(4)
+    b.set_epoch(4)
+    assert list(a) == list(b)
+    b.set_epoch(5)
+    a.set_epoch(5)
+    fifth = list(a)
+    assert fifth == list(b)
+    a.set_epoch(4)
+    assert list(a) != fifth
+    assert list(build(124)) != list(build(123))
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_BUILDERS))
+def test_seed_none_follows_numpy_global_seed(name):
+    np.random.seed(42)
+    first = RANDOM_BUILDERS[name](None)
+    np.random.seed(42)
+    second = RANDOM_BUILDERS[name](None)
+    assert list(first) == list(second)
+
+
+def test_each_pass_advances_the_epoch():
+    sampler = RandomSampler(100, seed=0)
+    assert sampler.epoch == 0
+    first = list(sampler)
+    assert sampler.epoch == 1
+    assert list(sampler) != first
+    assert sampler.seed == 0
+
+
+def test_wrappers_forward_set_epoch():
+    inner = RandomSampler(10, seed=0)
+    outer = PartitionSampler(BatchSampler(inner, 3), 2, 0)
+    outer.set_epoch(7)
+    assert inner.epoch == 7
+    inner.set_epoch(3)
+    assert BatchSampler(inner, 2).epoch == 3  # a new wrapper starts where its sampler is
+
+
+# ---------------------------------------------------------------------------------------------
+# state_dict
+
+
+STATE_BUILDERS = {
+    "sequential": lambda: SequentialSampler(13, 2),
+    "random": lambda: RandomSampler(13),
+    "filter": lambda: FilterSampler(lambda x: x % 2, list(range(27))),
+    "batch-keep": lambda: BatchSampler(RandomSampler(13), 3),
+    "batch-rollover": lambda: BatchSampler(RandomSampler(13), 4, "rollover"),
+    "groups-rollover": lambda: ShardGroupSampler(
+        BatchSampler(RandomSampler(29), 3, "rollover"), 4, "rollover"
+    ),
+    "partition": lambda: PartitionSampler(BatchSampler(RandomSampler(31), 2, "rollover"), 3, 2),
+    "partition-even": lambda: PartitionSampler(RandomSampler(31), 4, 3, even_size=True),
+    "split": lambda: SplitSampler(31, 3, 1, even_size=True, repeat=2),
+    "fixed": lambda: FixedBucketSampler(np.arange(60) % 17 + 1, 4, shuffle=True, num_shards=3),
+    "sorted": lambda: SortedBucketSampler(np.arange(60) % 7, 4, 3, shuffle=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STATE_BUILDERS))
+@pytest.mark.parametrize("epochs_before,cut", [(0, 0), (1, 1), (2, 3)])
+def test_state_dict_resumes_mid_stream(name, epochs_before, cut):
+    build = STATE_BUILDERS[name]
+    np.random.seed(epochs_before)
+    original = build()
+    for _ in range(epochs_before):
+        list(original)
+    it = iter(original)
+    done = [next(it) for _ in range(cut)]
+    state = roundtrip(original.state_dict())
+    assert state["offset"] == cut and state["type"] == type(original).__name__
+    expected = list(it) + list(original) + list(original)
+    assert len(done) == cut
+
+    np.random.seed(999)  # a fresh sampler with a different fresh seed
+    restored = build()
+    restored.load_state_dict(state)
+    restored.set_epoch(state["epoch"])  # what a loader does: keeps the position
+    assert list(restored) + list(restored) + list(restored) == expected
+
+
+@pytest.mark.parametrize("name", sorted(STATE_BUILDERS))
+def test_state_between_epochs_restores_the_next_epoch(name):
+    build = STATE_BUILDERS[name]
+    original = build()
+    list(original)
+    state = roundtrip(original.state_dict())
+    assert state["offset"] == 0 and state["epoch"] == 1
+    expected_len = len(original)
+    expected = list(original)
+    restored = build()
+    restored.load_state_dict(state)
+    assert len(restored) == expected_len == len(expected)
+    assert list(restored) == expected
+
+
+def test_rollover_carry_is_in_the_state():
+    sampler = BatchSampler(SequentialSampler(10), 4, "rollover")
+    list(sampler)
+    state = sampler.state_dict()
+    assert state == {
+        "type": "BatchSampler",
+        "batch_size": 4,
+        "last_batch": "rollover",
+        "epoch": 1,
+        "offset": 0,
+        "carry": [8, 9],
+        "length": 10,
+        "sampler": {"type": "SequentialSampler", "length": 10, "start": 0, "epoch": 1, "offset": 0},
+    }
+    fresh = BatchSampler(SequentialSampler(10), 4, "rollover")
+    fresh.load_state_dict(roundtrip(state))
+    assert len(fresh) == 3 and next(iter(fresh)) == [8, 9, 0, 1]
+
+
+def test_state_of_numpy_indices_is_json_ready():
+    np.random.seed(0)
+    sampler = ShardGroupSampler(BatchSampler(gdata.RandomSampler(10), 3, "rollover"), 2, "rollover")
+    list(sampler)
+    json.dumps(sampler.state_dict())
+
+
+@pytest.mark.parametrize(
+    "state_from,load_into,message",
+    [
+        (lambda: RandomSampler(5), lambda: SequentialSampler(5), "is for a RandomSampler"),
+        (lambda: RandomSampler(5), lambda: RandomSampler(6), "length is 5 in the state but 6"),
+        (
+            lambda: BatchSampler(SequentialSampler(5), 2),
+            lambda: BatchSampler(SequentialSampler(5), 3),
+            "batch_size is 2 in the state but 3",
+        ),
+        (
+            lambda: BatchSampler(SequentialSampler(5), 2),
+            lambda: BatchSampler(SequentialSampler(5), 2, "rollover"),
+            "last_batch is 'keep' in the state but 'rollover'",
+        ),
+        (
+            lambda: BatchSampler(SequentialSampler(5), 2),
+            lambda: BatchSampler(SequentialSampler(6), 2),
+            "length is 5 in the state but 6",
+        ),
+        (
+            lambda: BatchSampler(gdata.SequentialSampler(5), 2),
+            lambda: BatchSampler(gdata.SequentialSampler(6), 2),
+            "wrapped sampler's length is 5 in the state but 6",
+        ),
+        (
+            lambda: FixedBucketSampler([1, 2, 3], 1, num_shards=2),
+            lambda: FixedBucketSampler([1, 2, 3], 1, num_shards=3),
+            "num_shards is 2 in the state but 3",
+        ),
+        (
+            lambda: PartitionSampler(SequentialSampler(6), 3, 1),
+            lambda: PartitionSampler(SequentialSampler(6), 3, 2),
+            "part_index is 1 in the state but 2",
+        ),
+    ],
+)
+def test_incompatible_state_is_rejected(state_from, load_into, message):
+    state = roundtrip(state_from().state_dict())
+    with pytest.raises(ValueError, match=message):
+        load_into().load_state_dict(state)
+
+
+def test_malformed_state_is_rejected():
+    sampler = BatchSampler(SequentialSampler(10), 4, "rollover")
+    good = sampler.state_dict()
+    with pytest.raises(ValueError, match="missing 'epoch'"):
+        sampler.load_state_dict({k: v for k, v in good.items() if k != "epoch"})
+    with pytest.raises(ValueError, match="carry'\\] holds 5 items"):
+        sampler.load_state_dict({**good, "carry": [0, 1, 2, 3, 4]})
+    with pytest.raises(ValueError, match="offset 9 is past the end of the epoch"):
+        sampler.load_state_dict({**good, "offset": 9})
+    with pytest.raises(TypeError, match="state must be a dict"):
+        sampler.load_state_dict([1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Docs
+
+
+def test_doctests():
+    import shardloader.sampler._base as base
+    import shardloader.sampler._batch as batch
+    import shardloader.sampler._bucket as bucket
+    import shardloader.sampler._scheme as scheme
+    import shardloader.sampler._split as split
+
+    attempted = 0
+    for module in (S, base, batch, bucket, scheme, split):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = doctest.testmod(
+                module, extraglobs=vars(S), optionflags=doctest.NORMALIZE_WHITESPACE
+            )
+        assert result.failed == 0, module.__name__
+        attempted += result.attempted
+    assert attempted >= 30
+
+
+def test_every_public_class_has_an_example():
+    for name in S.__all__:
+        assert ">>>" in (getattr(S, name).__doc__ or ""), name
