@@ -61,8 +61,9 @@ class WorkerError(ShardLoaderError, RuntimeError):
 class WorkerDiedError(WorkerError):
     """A worker process exited or was killed while it owed the loader a batch."""
 
-    def __init__(self, message: str, *, pid: Optional[int] = None,
-                 exitcode: Optional[int] = None, **kwargs) -> None:
+    def __init__(
+        self, message: str, *, pid: Optional[int] = None, exitcode: Optional[int] = None, **kwargs
+    ) -> None:
         super().__init__(message, **kwargs)
         self.pid = pid
         self.exitcode = exitcode
@@ -71,8 +72,14 @@ class WorkerDiedError(WorkerError):
 class LoaderTimeoutError(ShardLoaderError, TimeoutError):
     """A batch took longer than the loader's ``timeout``."""
 
-    def __init__(self, message: str, *, seq: Optional[int] = None,
-                 indices: Optional[Sequence] = None, elapsed: float = 0.0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        seq: Optional[int] = None,
+        indices: Optional[Sequence] = None,
+        elapsed: float = 0.0,
+    ) -> None:
         super().__init__(message)
         self.seq = seq
         self.indices = indices
@@ -113,8 +120,15 @@ class RemoteError:
     with :meth:`rebuild` in the process that consumes the batch.
     """
 
-    __slots__ = ("exc_type", "type_name", "message", "traceback_text", "worker_id",
-                 "seq", "indices")
+    __slots__ = (
+        "exc_type",
+        "type_name",
+        "message",
+        "traceback_text",
+        "worker_id",
+        "seq",
+        "indices",
+    )
 
     def __init__(self, exc_type, type_name, message, traceback_text, worker_id, seq, indices):
         self.exc_type = exc_type
@@ -133,15 +147,27 @@ class RemoteError:
             setattr(self, key, value)
 
     @classmethod
-    def capture(cls, exc: BaseException, worker_id: Optional[int], seq: Optional[int],
-                indices: Optional[Sequence]) -> RemoteError:
+    def capture(
+        cls,
+        exc: BaseException,
+        worker_id: Optional[int],
+        seq: Optional[int],
+        indices: Optional[Sequence],
+    ) -> RemoteError:
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         exc_type = type(exc)
         # Only send the class if the other side can import it by name.
         if exc_type.__qualname__ != exc_type.__name__ or exc_type.__module__ == "__main__":
             exc_type = None
-        return cls(exc_type, type(exc).__name__, str(exc), text, worker_id, seq,
-                   list(indices) if indices is not None else None)
+        return cls(
+            exc_type,
+            type(exc).__name__,
+            str(exc),
+            text,
+            worker_id,
+            seq,
+            list(indices) if indices is not None else None,
+        )
 
     def describe(self) -> str:
         where = f"worker {self.worker_id}" if self.worker_id is not None else "the loader"
@@ -164,8 +190,13 @@ class RemoteError:
             if error is not None and not isinstance(error, self.exc_type):
                 error = None
         if error is None:
-            error = WorkerError(message, worker_id=self.worker_id, seq=self.seq,
-                                indices=self.indices, remote_traceback=self.traceback_text)
+            error = WorkerError(
+                message,
+                worker_id=self.worker_id,
+                seq=self.seq,
+                indices=self.indices,
+                remote_traceback=self.traceback_text,
+            )
         for key in ("worker_id", "seq", "indices"):
             try:
                 setattr(error, key, getattr(self, key))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ._errors import (
@@ -28,6 +29,11 @@ from ._reorder import ReorderBuffer
 
 # Longest single wait on the pool before re-checking deadlines and worker health.
 _POLL_INTERVAL_S = 0.25
+# Batches cheaper than this (worker time) are sent several to a task, so the per-message
+# cost of waking a worker and reading its reply is shared between them.
+_TINY_BATCH_S = 0.0005
+# Weight of the newest batch in the running mean of worker time per batch.
+_EMA_WEIGHT = 0.1
 
 _generations = itertools.count()
 
@@ -75,14 +81,28 @@ class Hub:
         self.pool = pool
         self.on_worker_death = on_worker_death
         self.stats = stats
-        self.routes: Dict[int, PooledEpoch] = {}
+        # Weak, so an epoch the user abandoned (``break``) is collected and frees its batches.
+        self.routes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.broken: Optional[BaseException] = None  # why the pool must be rebuilt
+        self.mean_busy_s: Optional[float] = None
+
+    def chunk(self, limit: int) -> int:
+        """Batches per task: 1, or a worker's share of ``limit`` when batches are tiny."""
+        mean = self.mean_busy_s
+        if mean is None or mean >= _TINY_BATCH_S:
+            return 1
+        return max(1, limit // self.pool.num_workers)
 
     def pump(self, timeout: float) -> None:
         results, lost = self.pool.poll(timeout)
         for r in results:
             busy = self.stats.worker_busy_s
             busy[r.worker_id] = busy.get(r.worker_id, 0.0) + r.busy_s
+            if r.ok:
+                mean = self.mean_busy_s
+                self.mean_busy_s = (
+                    r.busy_s if mean is None else (mean + _EMA_WEIGHT * (r.busy_s - mean))
+                )
             epoch = self.routes.get(r.gen)
             if epoch is None:
                 self.pool.discard(r)  # its epoch was closed: free the slot
@@ -108,10 +128,14 @@ class Hub:
             f"SIGKILL often means the OOM killer: reduce num_workers, prefetch or "
             f"batch_size."
         )
-        error = WorkerDiedError(message, pid=death.pid, exitcode=death.exitcode,
-                                worker_id=death.worker_id,
-                                seq=lost[0][0] if lost else None,
-                                indices=lost[0][1] if lost else None)
+        error = WorkerDiedError(
+            message,
+            pid=death.pid,
+            exitcode=death.exitcode,
+            worker_id=death.worker_id,
+            seq=lost[0][0] if lost else None,
+            indices=lost[0][1] if lost else None,
+        )
         self.broken = error
         for epoch in list(self.routes.values()):
             epoch._fail(error)
@@ -120,8 +144,16 @@ class Hub:
 class PooledEpoch:
     """Iterates one epoch's batches through a :class:`Hub`."""
 
-    def __init__(self, hub: Hub, items: Iterator[Tuple[int, Sequence]], epoch: int,
-                 prefetch: int, timeout: Optional[float], stats: Stats) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        items: Iterator[Tuple[int, Sequence]],
+        start: int,
+        epoch: int,
+        prefetch: int,
+        timeout: Optional[float],
+        stats: Stats,
+    ) -> None:
         self._hub = hub
         self._items = items
         self._epoch = epoch
@@ -129,18 +161,21 @@ class PooledEpoch:
         self._limit = max(prefetch, 1)
         self._timeout = timeout
         self._stats = stats
-        self._buffer: Optional[ReorderBuffer] = None
+        self._buffer = ReorderBuffer(start=start)
         self._sent: Dict[int, Tuple[float, Sequence]] = {}  # seq -> (dispatch time, indices)
         self._exhausted = False
         self._error: Optional[BaseException] = None
         self._closed = False
         self._user_closed = False
         hub.routes[self._gen] = self
+        self._finalizer = weakref.finalize(
+            self, _abandon, hub.routes, self._gen, self._buffer, hub.pool, stats
+        )
         self._fill(prefetch)
 
     # -- called by the hub
     def _accept(self, result: Result) -> None:
-        if self._buffer is None or self._closed:
+        if self._closed:
             self._hub.pool.discard(result)
             return
         self._sent.pop(result.seq, None)
@@ -156,19 +191,24 @@ class PooledEpoch:
 
     # -- dispatch
     def _in_flight(self) -> int:
-        return len(self._sent) + (len(self._buffer) if self._buffer is not None else 0)
+        return len(self._sent) + len(self._buffer)
 
     def _fill(self, limit: int) -> None:
-        while not self._exhausted and self._in_flight() < limit:
-            try:
-                seq, indices = next(self._items)
-            except StopIteration:
+        chunk = self._hub.chunk(self._limit)
+        while not self._exhausted:
+            in_flight = self._in_flight()
+            k = min(chunk, limit - in_flight)
+            if k <= 0 or (k < chunk and in_flight > 0):
+                return  # wait until a whole chunk fits, unless the pipeline is empty
+            batches = list(itertools.islice(self._items, k))
+            if len(batches) < k:
                 self._exhausted = True
+            if not batches:
                 return
-            if self._buffer is None:
-                self._buffer = ReorderBuffer(start=seq)
-            self._sent[seq] = (time.monotonic(), indices)
-            self._hub.pool.submit(Task(self._gen, self._epoch, [(seq, indices)]))
+            now = time.monotonic()
+            for seq, indices in batches:
+                self._sent[seq] = (now, indices)
+            self._hub.pool.submit(Task(self._gen, self._epoch, batches))
 
     # -- iteration
     def __iter__(self) -> PooledEpoch:
@@ -180,7 +220,7 @@ class PooledEpoch:
                 raise ClosedIteratorError("Trying to advance a closed loader iterator")
             raise StopIteration
         self._fill(self._limit)
-        if self._buffer is None or (self._exhausted and self._in_flight() == 0):
+        if self._exhausted and self._in_flight() == 0:
             self._end()
             raise StopIteration
         try:
@@ -192,7 +232,12 @@ class PooledEpoch:
         if not result.ok:
             self._end()
             raise result.payload.rebuild()
-        return self._hub.pool.materialize(result)
+        pool = self._hub.pool
+        before = pool.bytes_delivered
+        batch = pool.materialize(result)
+        delivered = pool.bytes_delivered - before
+        self._stats.bytes += delivered if delivered else walk_nbytes(batch)
+        return batch
 
     def _wait(self, seq: int) -> Result:
         buffer = self._buffer
@@ -222,7 +267,9 @@ class PooledEpoch:
             f"batch {seq} (indices {short_indices(indices)}) was not ready after "
             f"{elapsed:.1f}s (timeout={self._timeout}s, {kind} workers). Likely causes: "
             f"{causes}. The workers will be restarted on the next epoch.",
-            seq=seq, indices=indices, elapsed=elapsed,
+            seq=seq,
+            indices=indices,
+            elapsed=elapsed,
         )
 
     def close(self) -> None:
@@ -235,27 +282,30 @@ class PooledEpoch:
         if self._closed:
             return
         self._closed = True
-        self._hub.routes.pop(self._gen, None)
-        if self._buffer is not None:
-            for _, result in self._buffer.drain():
-                self._hub.pool.discard(result)
-        self._stats.reorder_depth = 0
         self._sent.clear()
+        self._finalizer()
 
-    def __del__(self) -> None:
-        try:
-            self._end()
-        except Exception:
-            pass
+
+def _abandon(routes, gen: int, buffer: ReorderBuffer, pool, stats: Stats) -> None:
+    """End an epoch: stop routing its results and free the batches it buffered. Runs on
+    close, at the end of the epoch, or when an abandoned epoch is garbage collected."""
+    routes.pop(gen, None)
+    for _, result in buffer.drain():
+        pool.discard(result)
+    stats.reorder_depth = 0
 
 
 class InlineEpoch:
     """``num_workers=0``: load each batch in the consumer's thread."""
 
-    def __init__(self, items: Iterator[Tuple[int, Sequence]], make: Callable[[Sequence], Any]):
+    def __init__(
+        self, items: Iterator[Tuple[int, Sequence]], make: Callable[[Sequence], Any], stats: Stats
+    ) -> None:
         self._items = items
         self._make = make
+        self._stats = stats
         self._closed = False
+        self._done = False
 
     def __iter__(self) -> InlineEpoch:
         return self
@@ -263,12 +313,16 @@ class InlineEpoch:
     def __next__(self) -> Any:
         if self._closed:
             raise ClosedIteratorError("Trying to advance a closed loader iterator")
+        if self._done:
+            raise StopIteration
         try:
             _, indices = next(self._items)
         except StopIteration:
-            self._closed = True
+            self._done = True
             raise
-        return self._make(indices)
+        batch = self._make(indices)
+        self._stats.bytes += walk_nbytes(batch)
+        return batch
 
     def close(self) -> None:
         self._closed = True

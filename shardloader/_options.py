@@ -41,8 +41,9 @@ class LoaderOptions:
 
 def _int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} "
-                        f"(type {type(value).__name__})")
+        raise TypeError(
+            f"{name} must be an int >= {minimum}, got {value!r} (type {type(value).__name__})"
+        )
     if value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
     return int(value)
@@ -50,8 +51,7 @@ def _int(name: str, value: Any, minimum: int) -> int:
 
 def _choice(name: str, value: Any, choices) -> str:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; "
-                         f"got {value!r}")
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
     return value
 
 
@@ -69,10 +69,32 @@ def check_dataset(dataset: Any) -> int:
     return length
 
 
-def validate(*, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn,
-             num_workers, pin_memory, pin_device_id, prefetch, thread_pool, timeout,
-             auto_reload, try_nopython, seed, num_shards, num_parts, part_index, even_size,
-             worker_init_fn, start_method, ctx, on_worker_death) -> LoaderOptions:
+def validate(
+    *,
+    batch_size,
+    shuffle,
+    sampler,
+    last_batch,
+    batch_sampler,
+    batchify_fn,
+    num_workers,
+    pin_memory,
+    pin_device_id,
+    prefetch,
+    thread_pool,
+    timeout,
+    auto_reload,
+    try_nopython,
+    seed,
+    num_shards,
+    num_parts,
+    part_index,
+    even_size,
+    worker_init_fn,
+    start_method,
+    ctx,
+    on_worker_death,
+) -> LoaderOptions:
     """Check every argument of :class:`~shardloader.ShardedDataLoader`."""
     if batch_sampler is None:
         if batch_size is None:
@@ -83,13 +105,14 @@ def validate(*, batch_size, shuffle, sampler, last_batch, batch_sampler, batchif
         if last_batch is not None:
             _choice("last_batch", last_batch, LAST_BATCH_CHOICES)
     elif batch_size is not None or shuffle or sampler is not None or last_batch is not None:
-        raise ValueError("batch_size, shuffle, sampler and last_batch must not be specified "
-                         "if batch_sampler is specified.")
+        raise ValueError(
+            "batch_size, shuffle, sampler and last_batch must not be specified "
+            "if batch_sampler is specified."
+        )
     if batchify_fn is not None and not callable(batchify_fn):
         raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
     if worker_init_fn is not None and not callable(worker_init_fn):
-        raise TypeError(f"worker_init_fn must be callable, got "
-                        f"{type(worker_init_fn).__name__}")
+        raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
     num_workers = _int("num_workers", num_workers, 0)
     pin_device_id = _int("pin_device_id", pin_device_id, 0)
     if prefetch is None:
@@ -97,11 +120,11 @@ def validate(*, batch_size, shuffle, sampler, last_batch, batch_sampler, batchif
     prefetch = _int("prefetch", prefetch, 0)
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-            raise TypeError(f"timeout must be a positive number of seconds or None, got "
-                            f"{timeout!r}")
+            raise TypeError(
+                f"timeout must be a positive number of seconds or None, got {timeout!r}"
+            )
         if timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got "
-                             f"{timeout}")
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
         timeout = float(timeout)
     if try_nopython:
         raise ValueError(
@@ -122,13 +145,28 @@ def validate(*, batch_size, shuffle, sampler, last_batch, batch_sampler, batchif
     _choice("start_method", start_method, methods)
     _choice("on_worker_death", on_worker_death, ON_WORKER_DEATH_CHOICES)
     if ctx is not None and pin_memory:
-        raise ValueError("pin_memory and ctx must not both be given: ctx already places "
-                         "each batch (use mx.cpu_pinned(i) in ctx to pin)")
+        raise ValueError(
+            "pin_memory and ctx must not both be given: ctx already places "
+            "each batch (use mx.cpu_pinned(i) in ctx to pin)"
+        )
     return LoaderOptions(
-        batch_size=batch_size, shuffle=bool(shuffle), last_batch=last_batch,
-        num_workers=num_workers, pin_memory=bool(pin_memory), pin_device_id=pin_device_id,
-        prefetch=prefetch, thread_pool=bool(thread_pool), timeout=timeout,
-        auto_reload=bool(auto_reload), seed=seed, num_shards=num_shards, num_parts=num_parts,
-        part_index=part_index, even_size=bool(even_size), worker_init_fn=worker_init_fn,
-        start_method=start_method, ctx=ctx, on_worker_death=on_worker_death,
+        batch_size=batch_size,
+        shuffle=bool(shuffle),
+        last_batch=last_batch,
+        num_workers=num_workers,
+        pin_memory=bool(pin_memory),
+        pin_device_id=pin_device_id,
+        prefetch=prefetch,
+        thread_pool=bool(thread_pool),
+        timeout=timeout,
+        auto_reload=bool(auto_reload),
+        seed=seed,
+        num_shards=num_shards,
+        num_parts=num_parts,
+        part_index=part_index,
+        even_size=bool(even_size),
+        worker_init_fn=worker_init_fn,
+        start_method=start_method,
+        ctx=ctx,
+        on_worker_death=on_worker_death,
     )

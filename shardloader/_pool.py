@@ -121,9 +121,17 @@ class ProcessPool:
 
     kind = "process"
 
-    def __init__(self, num_workers: int, dataset: Any, batchify_fn: Callable, *, raw: bool,
-                 seed: Optional[int], worker_init_fn: Optional[Callable],
-                 start_method: str) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        dataset: Any,
+        batchify_fn: Callable,
+        *,
+        raw: bool,
+        seed: Optional[int],
+        worker_init_fn: Optional[Callable],
+        start_method: str,
+    ) -> None:
         from ._shm import SlotTable
 
         self.num_workers = num_workers
@@ -138,8 +146,7 @@ class ProcessPool:
         self._table = SlotTable()
         self._lock = threading.RLock()
         self._closed = False
-        self._finalizer = weakref.finalize(self, _shutdown_processes, self._workers,
-                                           self._table)
+        self._finalizer = weakref.finalize(self, _shutdown_processes, self._workers, self._table)
         for worker_id in range(num_workers):
             self._spawn(worker_id)
 
@@ -148,8 +155,18 @@ class ProcessPool:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=process_worker_main,
-            args=(worker_id, self.num_workers, child_conn, self._dataset, self._batchify_fn,
-                  self._raw, self._seed, self._entropy, self._worker_init_fn, os.getpid()),
+            args=(
+                worker_id,
+                self.num_workers,
+                child_conn,
+                self._dataset,
+                self._batchify_fn,
+                self._raw,
+                self._seed,
+                self._entropy,
+                self._worker_init_fn,
+                os.getpid(),
+            ),
             name=f"shardloader-worker-{worker_id}",
             daemon=True,
         )
@@ -165,8 +182,7 @@ class ProcessPool:
                 f"thread_pool=True, or make the object picklable."
             ) from exc
         child_conn.close()
-        self._workers[worker_id] = _ProcWorker(worker_id, next(_worker_keys), process,
-                                               parent_conn)
+        self._workers[worker_id] = _ProcWorker(worker_id, next(_worker_keys), process, parent_conn)
 
     def restart(self, worker_id: int) -> None:
         """Replace a dead worker with a fresh process."""
@@ -197,8 +213,11 @@ class ProcessPool:
             released = self._table.take_releases(w.key)
             w.tasks[(task.gen, task.batches[0][0])] = task
             try:
-                w.conn.send_bytes(pickle.dumps(("task",) + tuple(task) + (released,),
-                                               protocol=pickle.HIGHEST_PROTOCOL))
+                w.conn.send_bytes(
+                    pickle.dumps(
+                        ("task",) + tuple(task) + (released,), protocol=pickle.HIGHEST_PROTOCOL
+                    )
+                )
             except (OSError, ValueError):
                 pass  # the worker is dead; poll() reports it with this task as lost
             return w.id
@@ -239,8 +258,9 @@ class ProcessPool:
             return False
         self._table.drop(w.key, dropped)
         for gen, seq, ok, payload, busy in batch_results:
-            batches = self._finish_task(w, gen, seq)
-            del batches
+            self._finish_task(w, gen, seq)
+            if ok:
+                self._table.received(w.key, payload[1])
             results.append(Result(gen, seq, ok, payload, busy, w.id, w.key))
         return True
 
@@ -296,9 +316,17 @@ def _reap(w: _ProcWorker) -> None:
 # ------------------------------------------------------------------------------- threads
 
 
-def _thread_main(worker_id: int, num_workers: int, maker: BatchMaker, seed: Optional[int],
-                 entropy: int, worker_init_fn: Optional[Callable], tasks: queue.Queue,
-                 results: queue.Queue, stop: threading.Event) -> None:
+def _thread_main(
+    worker_id: int,
+    num_workers: int,
+    maker: BatchMaker,
+    seed: Optional[int],
+    entropy: int,
+    worker_init_fn: Optional[Callable],
+    tasks: queue.Queue,
+    results: queue.Queue,
+    stop: threading.Event,
+) -> None:
     _info.value = WorkerInfo(worker_id, num_workers, seed, maker.dataset)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
@@ -317,13 +345,15 @@ def _thread_main(worker_id: int, num_workers: int, maker: BatchMaker, seed: Opti
                 batch, ok = maker.make(indices, task.epoch), True
             except Exception as exc:  # noqa: BLE001 - errors travel to the consumer as data
                 batch, ok = RemoteError.capture(exc, worker_id, seq, indices), False
-            results.put(Result(task.gen, seq, ok, batch, time.perf_counter() - start,
-                               worker_id, worker_id))
+            results.put(
+                Result(task.gen, seq, ok, batch, time.perf_counter() - start, worker_id, worker_id)
+            )
             del batch
 
 
-def _shutdown_threads(threads: List[threading.Thread], tasks: queue.Queue,
-                      stop: threading.Event) -> None:
+def _shutdown_threads(
+    threads: List[threading.Thread], tasks: queue.Queue, stop: threading.Event
+) -> None:
     stop.set()
     for _ in threads:
         tasks.put(None)
@@ -340,8 +370,16 @@ class ThreadPool:
 
     kind = "thread"
 
-    def __init__(self, num_workers: int, dataset: Any, batchify_fn: Callable, *, seed,
-                 worker_init_fn: Optional[Callable], **_ignored) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        dataset: Any,
+        batchify_fn: Callable,
+        *,
+        seed,
+        worker_init_fn: Optional[Callable],
+        **_ignored,
+    ) -> None:
         self.num_workers = num_workers
         lock = threading.Lock() if seed is not None else None
         maker = BatchMaker(dataset, batchify_fn, seed, lock=lock)
@@ -355,8 +393,17 @@ class ThreadPool:
         self._threads = [
             threading.Thread(
                 target=_thread_main,
-                args=(i, num_workers, maker, seed, 0, worker_init_fn, self._tasks,
-                      self._results, self._stop),
+                args=(
+                    i,
+                    num_workers,
+                    maker,
+                    seed,
+                    0,
+                    worker_init_fn,
+                    self._tasks,
+                    self._results,
+                    self._stop,
+                ),
                 name=f"shardloader-thread-{i}",
                 daemon=True,
             )
@@ -364,8 +411,9 @@ class ThreadPool:
         ]
         for t in self._threads:
             t.start()
-        self._finalizer = weakref.finalize(self, _shutdown_threads, self._threads,
-                                           self._tasks, self._stop)
+        self._finalizer = weakref.finalize(
+            self, _shutdown_threads, self._threads, self._tasks, self._stop
+        )
 
     @property
     def closed(self) -> bool:

@@ -307,8 +307,14 @@ def _libc_mmap():
     if _libc is None:
         lib = ctypes.CDLL(None, use_errno=True)
         lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                             ctypes.c_int, ctypes.c_long]
+        lib.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
         lib.munmap.restype = ctypes.c_int
         lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         _libc = lib
@@ -320,22 +326,23 @@ class _MappedSlot:
 
     Mapped with libc's ``mmap`` rather than Python's, because Python's keeps a duplicate of
     the descriptor open for the mapping's lifetime; this way the main process holds no
-    descriptor per slot. Unmapped only when no batch uses it (``leased`` is False).
+    descriptor per slot. Unmapped only when no batch uses it: ``busy`` is set from the
+    moment a result naming the slot arrives until its batch is released or discarded.
     """
 
-    __slots__ = ("addr", "capacity", "leased", "__weakref__")
+    __slots__ = ("addr", "capacity", "busy", "__weakref__")
 
     def __init__(self, fd: int, capacity: int) -> None:
         libc = _libc_mmap()
-        addr = libc.mmap(None, capacity, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED,
-                         fd, 0)
+        addr = libc.mmap(None, capacity, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
         if addr is None or addr == ctypes.c_void_p(-1).value:
             err = ctypes.get_errno()
-            raise OSError(err, f"mmap of a {capacity}-byte shared-memory slot failed: "
-                               f"{os.strerror(err)}")
+            raise OSError(
+                err, f"mmap of a {capacity}-byte shared-memory slot failed: {os.strerror(err)}"
+            )
         self.addr: Optional[int] = addr
         self.capacity = capacity
-        self.leased = False
+        self.busy = False
 
     def buffer(self):
         """A fresh buffer object over the slot; it dies when the last array over it does."""
@@ -356,35 +363,36 @@ class SlotTable:
 
     def __init__(self) -> None:
         self._slots: Dict[Tuple[int, int], _MappedSlot] = {}
-        self._releases: Dict[int, collections.deque] = collections.defaultdict(
-            collections.deque
-        )
-        self._lock = threading.Lock()
+        self._releases: Dict[int, collections.deque] = collections.defaultdict(collections.deque)
+        self._dead: Set[int] = set()
+        # Guards _slots: release callbacks can run on MXNet's engine threads.
+        self._lock = threading.RLock()
         self.bytes_delivered = 0
 
     def adopt(self, worker_key: int, slot_id: int, fd: int, capacity: int) -> None:
-        try:
-            mapped = _MappedSlot(fd, capacity)
-        finally:
-            os.close(fd)
-        old = self._slots.pop((worker_key, slot_id), None)
-        if old is not None and not old.leased:
-            old.unmap()
-        self._slots[(worker_key, slot_id)] = mapped
+        with self._lock:
+            try:
+                mapped = _MappedSlot(fd, capacity)
+            finally:
+                os.close(fd)
+            old = self._slots.pop((worker_key, slot_id), None)
+            if old is not None and not old.busy:
+                old.unmap()
+            self._slots[(worker_key, slot_id)] = mapped
 
     def drop(self, worker_key: int, slot_ids) -> None:
         """The worker unmapped these slots; unmap ours unless a batch still uses them."""
-        for sid in slot_ids:
-            mapped = self._slots.pop((worker_key, sid), None)
-            if mapped is not None and not mapped.leased:
-                mapped.unmap()
+        with self._lock:
+            for sid in slot_ids:
+                mapped = self._slots.pop((worker_key, sid), None)
+                if mapped is not None and not mapped.busy:
+                    mapped.unmap()
 
     def materialize(self, worker_key: int, slot_id: Optional[int], skeleton: Any) -> Any:
         """Rebuild a batch from its skeleton, wrapping slot memory without copying."""
         if slot_id is None:
             return map_structure(skeleton, _inline_leaf)
         mapped = self._slots[(worker_key, slot_id)]
-        mapped.leased = True
         buffer = mapped.buffer()
         base = np.frombuffer(buffer, dtype=np.uint8)
         # Every array of the batch keeps `buffer` alive; when the last one goes, so does
@@ -406,17 +414,28 @@ class SlotTable:
         self.bytes_delivered += nbytes[0]
         return batch
 
+    def received(self, worker_key: int, slot_id: Optional[int]) -> None:
+        """A result naming this slot arrived: keep it mapped until it is used or dropped."""
+        if slot_id is not None:
+            self._slots[(worker_key, slot_id)].busy = True
+
     def discard(self, worker_key: int, slot_id: Optional[int]) -> None:
         """A batch that never reached the user: hand its slot straight back."""
         if slot_id is not None:
-            self._releases[worker_key].append(slot_id)
+            mapped = self._slots.get((worker_key, slot_id))
+            if mapped is not None:
+                self._released(worker_key, slot_id, mapped)
 
     def _released(self, worker_key: int, slot_id: int, mapped: _MappedSlot) -> None:
-        mapped.leased = False
-        if self._slots.get((worker_key, slot_id)) is mapped:
-            self._releases[worker_key].append(slot_id)
-        else:
-            mapped.unmap()  # the worker is gone or dropped it
+        with self._lock:
+            mapped.busy = False
+            if worker_key in self._dead:
+                self._slots.pop((worker_key, slot_id), None)
+                mapped.unmap()
+            elif self._slots.get((worker_key, slot_id)) is mapped:
+                self._releases[worker_key].append(slot_id)
+            else:
+                mapped.unmap()  # the worker is gone or dropped it
 
     def take_releases(self, worker_key: int) -> List[int]:
         queue = self._releases.get(worker_key)
@@ -426,19 +445,25 @@ class SlotTable:
         return out
 
     def forget_worker(self, worker_key: int) -> None:
-        """A worker exited: unmap its idle slots; leased ones go when their batch does."""
-        self._releases.pop(worker_key, None)
-        for key in [k for k in self._slots if k[0] == worker_key]:
-            mapped = self._slots.pop(key)
-            if not mapped.leased:
-                mapped.unmap()
+        """A worker exited: unmap its idle slots; busy ones go when their batch does."""
+        with self._lock:
+            self._releases.pop(worker_key, None)
+            self._dead.add(worker_key)
+            for key in [k for k in self._slots if k[0] == worker_key]:
+                if self._slots[key].busy:
+                    continue
+                mapped = self._slots.pop(key)
+                if not mapped.busy:
+                    mapped.unmap()
 
     def close(self) -> None:
-        for key in list(self._slots):
-            mapped = self._slots.pop(key)
-            if not mapped.leased:
-                mapped.unmap()
-        self._releases.clear()
+        """Unmap every idle slot; a busy one is unmapped when its batch is released."""
+        with self._lock:
+            for key in list(self._slots):
+                self._dead.add(key[0])
+                if not self._slots[key].busy:
+                    self._slots.pop(key).unmap()
+            self._releases.clear()
 
 
 def _inline_leaf(leaf):

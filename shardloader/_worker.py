@@ -74,8 +74,13 @@ class BatchMaker:
     validate identically (invariant 6).
     """
 
-    def __init__(self, dataset: Any, batchify_fn: Callable, seed: Optional[int],
-                 lock: Optional[threading.Lock] = None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batchify_fn: Callable,
+        seed: Optional[int],
+        lock: Optional[threading.Lock] = None,
+    ) -> None:
         self.dataset = dataset
         self.batchify_fn = batchify_fn
         self.seed = seed
@@ -122,9 +127,18 @@ def _die_with_parent() -> None:
         pass
 
 
-def process_worker_main(worker_id: int, num_workers: int, conn, dataset: Any,
-                        batchify_fn: Callable, raw: bool, seed: Optional[int], entropy: int,
-                        worker_init_fn: Optional[Callable], parent_pid: int) -> None:
+def process_worker_main(
+    worker_id: int,
+    num_workers: int,
+    conn,
+    dataset: Any,
+    batchify_fn: Callable,
+    raw: bool,
+    seed: Optional[int],
+    entropy: int,
+    worker_init_fn: Optional[Callable],
+    parent_pid: int,
+) -> None:
     """Entry point of a worker process. Messages are pickled tuples:
 
     * in:  ``("task", gen, epoch, [(seq, indices), ...], released_slot_ids)`` or ``None``
@@ -165,8 +179,9 @@ def _serve(worker_id, conn, maker: BatchMaker, ring, raw: bool, parent_pid: int)
         ring.release(released)
         results, new_slots = [], []
         for seq, indices in batches:
-            results.append(_one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices,
-                                      new_slots))
+            results.append(
+                _one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices, new_slots)
+            )
         dropped, ring.dropped = ring.dropped, []
         _send(conn, results, new_slots, dropped, ring, worker_id, dict(batches))
 

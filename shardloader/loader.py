@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 from . import _options
 from . import batchify as _batchify
 from ._errors import ClosedIteratorError
-from ._iter import Hub, InlineEpoch, PooledEpoch, Stats, walk_nbytes
+from ._iter import Hub, InlineEpoch, PooledEpoch, Stats
 from ._pool import ProcessPool, ThreadPool
 from ._seeding import GlobalRNGState
 from ._worker import BatchMaker
@@ -111,25 +111,58 @@ class ShardedDataLoader:
     [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
     """
 
-    def __init__(self, dataset: Any, batch_size: Optional[int] = None, shuffle: bool = False,
-                 sampler: Any = None, last_batch: Optional[str] = None,
-                 batch_sampler: Any = None, batchify_fn: Optional[Callable] = None,
-                 num_workers: int = 0, pin_memory: bool = False, pin_device_id: int = 0,
-                 prefetch: Optional[int] = None, thread_pool: bool = False,
-                 timeout: Optional[float] = 120, auto_reload: bool = False,
-                 try_nopython: Optional[bool] = None, *, seed: Optional[int] = None,
-                 num_shards: int = 0, num_parts: int = 1, part_index: int = 0,
-                 even_size: bool = False, worker_init_fn: Optional[Callable] = None,
-                 start_method: Optional[str] = None, ctx: Any = None,
-                 on_worker_death: str = "raise") -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: Optional[int] = None,
+        shuffle: bool = False,
+        sampler: Any = None,
+        last_batch: Optional[str] = None,
+        batch_sampler: Any = None,
+        batchify_fn: Optional[Callable] = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        pin_device_id: int = 0,
+        prefetch: Optional[int] = None,
+        thread_pool: bool = False,
+        timeout: Optional[float] = 120,
+        auto_reload: bool = False,
+        try_nopython: Optional[bool] = None,
+        *,
+        seed: Optional[int] = None,
+        num_shards: int = 0,
+        num_parts: int = 1,
+        part_index: int = 0,
+        even_size: bool = False,
+        worker_init_fn: Optional[Callable] = None,
+        start_method: Optional[str] = None,
+        ctx: Any = None,
+        on_worker_death: str = "raise",
+    ) -> None:
         opts = _options.validate(
-            batch_size=batch_size, shuffle=shuffle, sampler=sampler, last_batch=last_batch,
-            batch_sampler=batch_sampler, batchify_fn=batchify_fn, num_workers=num_workers,
-            pin_memory=pin_memory, pin_device_id=pin_device_id, prefetch=prefetch,
-            thread_pool=thread_pool, timeout=timeout, auto_reload=auto_reload,
-            try_nopython=try_nopython, seed=seed, num_shards=num_shards, num_parts=num_parts,
-            part_index=part_index, even_size=even_size, worker_init_fn=worker_init_fn,
-            start_method=start_method, ctx=ctx, on_worker_death=on_worker_death,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            last_batch=last_batch,
+            batch_sampler=batch_sampler,
+            batchify_fn=batchify_fn,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            pin_device_id=pin_device_id,
+            prefetch=prefetch,
+            thread_pool=thread_pool,
+            timeout=timeout,
+            auto_reload=auto_reload,
+            try_nopython=try_nopython,
+            seed=seed,
+            num_shards=num_shards,
+            num_parts=num_parts,
+            part_index=part_index,
+            even_size=even_size,
+            worker_init_fn=worker_init_fn,
+            start_method=start_method,
+            ctx=ctx,
+            on_worker_death=on_worker_death,
         )
         self._opts = opts
         self._dataset = dataset
@@ -150,8 +183,11 @@ class ShardedDataLoader:
         self._next_epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
         # Where the epoch being consumed stands: for state_dict().
-        self._position: Dict[str, Any] = {"epoch": 0, "consumed": 0,
-                                          "sampler": _sampler_state(self._batch_sampler)}
+        self._position: Dict[str, Any] = {
+            "epoch": 0,
+            "consumed": 0,
+            "sampler": _sampler_state(self._batch_sampler),
+        }
         self._prestarted: Optional[_EpochIterator] = None
         self._open: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
         if opts.auto_reload:
@@ -162,18 +198,24 @@ class ShardedDataLoader:
         opts = self._opts
         if batch_sampler is None:
             if sampler is None:
-                sampler = (RandomSampler(self._length, seed=opts.seed) if opts.shuffle
-                           else SequentialSampler(self._length))
+                sampler = (
+                    RandomSampler(self._length, seed=opts.seed)
+                    if opts.shuffle
+                    else SequentialSampler(self._length)
+                )
             if opts.num_parts > 1:
-                sampler = PartitionSampler(sampler, opts.num_parts, opts.part_index,
-                                           even_size=opts.even_size)
+                sampler = PartitionSampler(
+                    sampler, opts.num_parts, opts.part_index, even_size=opts.even_size
+                )
             batch_sampler = BatchSampler(sampler, opts.batch_size, opts.last_batch or "keep")
         elif opts.num_parts > 1:
-            batch_sampler = PartitionSampler(batch_sampler, opts.num_parts, opts.part_index,
-                                             even_size=opts.even_size)
+            batch_sampler = PartitionSampler(
+                batch_sampler, opts.num_parts, opts.part_index, even_size=opts.even_size
+            )
         if opts.num_shards:
-            batch_sampler = ShardGroupSampler(batch_sampler, opts.num_shards,
-                                              last_group=opts.last_batch or "keep")
+            batch_sampler = ShardGroupSampler(
+                batch_sampler, opts.num_shards, last_group=opts.last_batch or "keep"
+            )
         return batch_sampler
 
     def _get_hub(self) -> Hub:
@@ -184,9 +226,15 @@ class ShardedDataLoader:
             hub.pool.close()  # a dead or stuck worker: start over with a fresh pool
         opts = self._opts
         pool_cls = ThreadPool if opts.thread_pool else ProcessPool
-        pool = pool_cls(opts.num_workers, self._dataset, self._batchify_fn,
-                        raw=_batchify.is_native(self._batchify_fn), seed=opts.seed,
-                        worker_init_fn=opts.worker_init_fn, start_method=opts.start_method)
+        pool = pool_cls(
+            opts.num_workers,
+            self._dataset,
+            self._batchify_fn,
+            raw=_batchify.is_native(self._batchify_fn),
+            seed=opts.seed,
+            worker_init_fn=opts.worker_init_fn,
+            start_method=opts.start_method,
+        )
         self._hub = Hub(pool, opts.on_worker_death, self._stats)
         return self._hub
 
@@ -209,15 +257,17 @@ class ShardedDataLoader:
         items = itertools.islice(enumerate(bs), skip, None)
         opts = self._opts
         if opts.num_workers == 0:
-            source = InlineEpoch(items, self._inline_maker(epoch))
+            source = InlineEpoch(items, self._inline_maker(epoch), self._stats)
         else:
-            source = PooledEpoch(self._get_hub(), items, epoch, opts.prefetch, opts.timeout,
-                                 self._stats)
+            source = PooledEpoch(
+                self._get_hub(), items, skip, epoch, opts.prefetch, opts.timeout, self._stats
+            )
         if self._ctx is not None:
             from .prefetch import DevicePrefetcher
 
-            source = DevicePrefetcher(self._ctx, buffer_size=max(1, opts.prefetch or 1)
-                                      ).prefetch(source)
+            source = DevicePrefetcher(self._ctx, buffer_size=max(1, opts.prefetch or 1)).prefetch(
+                source
+            )
         it = _EpochIterator(self, source, epoch, skip, start_state)
         self._open.add(it)
         return it
@@ -237,18 +287,25 @@ class ShardedDataLoader:
         it, self._prestarted = self._prestarted, None
         if it is None:
             it = self._start_epoch()
-        self._position = {"epoch": it.epoch, "consumed": it.consumed,
-                          "sampler": it.start_state}
+        self._position = {"epoch": it.epoch, "consumed": it.consumed, "sampler": it.start_state}
         return it
 
     def _epoch_finished(self, it: _EpochIterator) -> None:
-        self._position = {"epoch": it.epoch + 1, "consumed": 0,
-                          "sampler": _sampler_state(self._batch_sampler)}
+        self._position = {
+            "epoch": it.epoch + 1,
+            "consumed": 0,
+            "sampler": _sampler_state(self._batch_sampler),
+        }
         if self._opts.auto_reload and self._prestarted is None and not self._closed:
             self._prestarted = self._start_epoch()
 
     def __len__(self) -> int:
         return len(self._batch_sampler)
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """Samples per batch (per shard with ``num_shards``); None with a ``batch_sampler``."""
+        return self._opts.batch_size
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run epoch ``epoch`` (later ones follow from it)."""
@@ -275,18 +332,25 @@ class ShardedDataLoader:
         """Make the next ``iter()`` yield exactly the batches that remained in ``state``'s
         epoch, then continue with the following epochs as an uninterrupted run would."""
         if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"state must be a dict from ShardedDataLoader.state_dict() "
-                             f"(version {_STATE_VERSION}), got {state!r:.200}")
+            raise ValueError(
+                f"state must be a dict from ShardedDataLoader.state_dict() "
+                f"(version {_STATE_VERSION}), got {state!r:.200}"
+            )
         mine = self.state_dict()
         for key in ("dataset_len", "batch_size", "sampler_type", "seed"):
             if state.get(key) != mine[key]:
-                raise ValueError(f"state is from an incompatible loader: {key} is "
-                                 f"{state.get(key)!r} in the state but {mine[key]!r} here")
+                raise ValueError(
+                    f"state is from an incompatible loader: {key} is "
+                    f"{state.get(key)!r} in the state but {mine[key]!r} here"
+                )
         if self._prestarted is not None:
             self._prestarted.close()
             self._prestarted = None
-        self._resume = {"epoch": state["epoch"], "consumed": state["consumed"],
-                        "sampler": state["sampler"]}
+        self._resume = {
+            "epoch": state["epoch"],
+            "consumed": state["consumed"],
+            "sampler": state["sampler"],
+        }
         self._position = dict(self._resume)
         self._next_epoch = state["epoch"]
 
@@ -327,8 +391,9 @@ DataLoader = ShardedDataLoader
 class _EpochIterator:
     """What ``iter(loader)`` returns: counts batches for checkpoints and time for stats."""
 
-    def __init__(self, loader: ShardedDataLoader, source, epoch: int, consumed: int,
-                 start_state) -> None:
+    def __init__(
+        self, loader: ShardedDataLoader, source, epoch: int, consumed: int, start_state
+    ) -> None:
         self._loader_ref = weakref.ref(loader)
         self._source = source
         self._stats = loader._stats
@@ -353,7 +418,6 @@ class _EpochIterator:
         if stats.first_batch_s is None:
             stats.first_batch_s = waited
         stats.batches += 1
-        stats.bytes += walk_nbytes(batch)
         self.consumed += 1
         loader = self._loader_ref()
         if loader is not None and loader._position.get("epoch") == self.epoch:
@@ -399,4 +463,3 @@ def _placement(opts: _options.LoaderOptions):
 def _sampler_state(sampler) -> Any:
     fn = getattr(sampler, "state_dict", None)
     return fn() if fn is not None else None
-

@@ -35,8 +35,11 @@ def open_fds() -> int:
 
 
 def children():
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -49,13 +49,15 @@ def gluon(dataset, **kwargs):
 
 
 DATASETS = {
-    "numpy-tuple": lambda: ArrayDataset(np.arange(23 * 3, dtype="float32").reshape(23, 3),
-                                        np.arange(23)),
+    "numpy-tuple": lambda: ArrayDataset(
+        np.arange(23 * 3, dtype="float32").reshape(23, 3), np.arange(23)
+    ),
     "nd-samples": lambda: ArrayDataset(mx.nd.arange(23 * 2).reshape(23, 2)),
     "python-numbers": lambda: SimpleDataset([float(i) / 3 for i in range(23)]),
     "int-tuples": lambda: SimpleDataset([(i, i * 2) for i in range(23)]),
-    "nested": lambda: SimpleDataset([(np.ones(2, "float32") * i, (i, np.float64(i)))
-                                     for i in range(23)]),
+    "nested": lambda: SimpleDataset(
+        [(np.ones(2, "float32") * i, (i, np.float64(i))) for i in range(23)]
+    ),
 }
 
 
@@ -85,8 +87,11 @@ def test_many_epochs_reuse_one_pool(backend):
         pids = None
         for _ in range(20):
             batches = list(loader)
-            assert [b[1].asnumpy().tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7],
-                                                                   [8, 9, 10, 11]]
+            assert [b[1].asnumpy().tolist() for b in batches] == [
+                [0, 1, 2, 3],
+                [4, 5, 6, 7],
+                [8, 9, 10, 11],
+            ]
             if pids is None:
                 pids = loader.worker_pids()
             assert loader.worker_pids() == pids
@@ -155,8 +160,7 @@ def test_prefetch_bounds_work_in_flight():
 
 def test_pin_memory_returns_pinned_ndarrays(backend):
     ds = RangeDataset(8)
-    with ShardedDataLoader(ds, batch_size=4, pin_memory=True, pin_device_id=0,
-                           **backend) as loader:
+    with ShardedDataLoader(ds, batch_size=4, pin_memory=True, pin_device_id=0, **backend) as loader:
         batches = list(loader)
     assert len(batches) == 2
     for data, label in batches:
@@ -189,8 +193,11 @@ def test_auto_reload_prestarts_the_next_epoch():
 
 GLUON_ERRORS = [
     (dict(), ValueError, "batch_size must be specified"),
-    (dict(batch_size=2, shuffle=True, sampler=SequentialSampler(4)), ValueError,
-     "shuffle must not be specified"),
+    (
+        dict(batch_size=2, shuffle=True, sampler=SequentialSampler(4)),
+        ValueError,
+        "shuffle must not be specified",
+    ),
     (dict(batch_sampler=[[0]], batch_size=2), ValueError, "must not be specified if batch_sampler"),
     (dict(batch_sampler=[[0]], last_batch="keep"), ValueError, "batch_sampler"),
     (dict(batch_size=0), ValueError, "batch_size"),
@@ -228,6 +235,7 @@ def test_try_nopython_false_and_none_are_accepted():
 def test_gluon_1x_positional_signature():
     # dataset, batch_size, shuffle, sampler, last_batch, batch_sampler, batchify_fn,
     # num_workers, pin_memory, pin_device_id, prefetch, thread_pool, timeout, auto_reload
-    loader = ShardedDataLoader(RangeDataset(6), 3, False, None, "keep", None, None, 0, False,
-                               0, None, False, 120, False)
+    loader = ShardedDataLoader(
+        RangeDataset(6), 3, False, None, "keep", None, None, 0, False, 0, None, False, 120, False
+    )
     assert len(list(loader)) == 2

@@ -94,8 +94,9 @@ def test_inline_exception_is_the_original():
 # ----------------------------------------------------------------------- worker death
 
 
-@pytest.mark.parametrize("how,expect", [("exit", "exited with code 7"),
-                                        ("kill", "killed by SIGKILL")])
+@pytest.mark.parametrize(
+    "how,expect", [("exit", "exited with code 7"), ("kill", "killed by SIGKILL")]
+)
 def test_worker_death_is_reported_quickly(how, expect, tmp_path):
     once = str(tmp_path / "died")
     ds = ExitingDataset(40, bad=9, how=how, once_file=once)
@@ -118,8 +119,9 @@ def test_worker_death_is_reported_quickly(how, expect, tmp_path):
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_restart_policy_finishes_the_epoch_without_loss(how, tmp_path):
     ds = ExitingDataset(60, bad=21, how=how, once_file=str(tmp_path / "died"))
-    with ShardedDataLoader(ds, batch_size=3, num_workers=2, prefetch=6,
-                           on_worker_death="restart") as loader:
+    with ShardedDataLoader(
+        ds, batch_size=3, num_workers=2, prefetch=6, on_worker_death="restart"
+    ) as loader:
         assert labels(loader) == list(range(60))  # nothing lost, nothing repeated, in order
         assert labels(loader) == list(range(60))
 
@@ -180,8 +182,13 @@ def test_del_and_gc_release_everything(no_leaks):
     del it, loader
     gc.collect()
     deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-              for p in pids) and time.monotonic() < deadline:
+    while (
+        any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+            for p in pids
+        )
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.05)
     assert not any(psutil.pid_exists(p) for p in pids)
 
@@ -214,8 +221,13 @@ def _run_script(body: str, timeout: float = 60, **popen):
         from _datasets import *
         from shardloader import ShardedDataLoader
     """) + textwrap.dedent(body)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def _gone(pids, timeout=5.0):
@@ -243,7 +255,8 @@ def test_interpreter_exit_while_workers_are_busy():
 
 
 def test_ctrl_c_raises_keyboard_interrupt_without_worker_tracebacks():
-    proc = _run_script("""
+    proc = _run_script(
+        """
         loader = ShardedDataLoader(SleepyDataset(64, bad=9, seconds=30, flag_file="/"),
                                    batch_size=4, num_workers=2)
         it = iter(loader)
@@ -251,7 +264,9 @@ def test_ctrl_c_raises_keyboard_interrupt_without_worker_tracebacks():
         print(" ".join(map(str, loader.worker_pids())), flush=True)
         for batch in it:
             pass
-    """, start_new_session=True)
+    """,
+        start_new_session=True,
+    )
     pids = [int(p) for p in proc.stdout.readline().split()]
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # like a terminal: the whole process group
@@ -278,15 +293,19 @@ class BadIndexSampler:
 
 
 @pytest.mark.parametrize("pool", ["inline"] + list(QUICK_POOLS))
-@pytest.mark.parametrize("batch,exc,text", [
-    ([0, 1, "2"], TypeError, "non-integer index '2'"),
-    ([0, 99], IndexError, "index 99 .* outside the dataset's range \\[0, 10\\)"),
-    ([0, -1], IndexError, "index -1"),
-])
+@pytest.mark.parametrize(
+    "batch,exc,text",
+    [
+        ([0, 1, "2"], TypeError, "non-integer index '2'"),
+        ([0, 99], IndexError, "index 99 .* outside the dataset's range \\[0, 10\\)"),
+        ([0, -1], IndexError, "index -1"),
+    ],
+)
 def test_bad_indices_from_a_batch_sampler(pool, batch, exc, text):
     kwargs = QUICK_POOLS.get(pool, {})
-    with ShardedDataLoader(RangeDataset(10), batch_sampler=BadIndexSampler([batch]),
-                           **kwargs) as loader, pytest.raises(exc, match=text):
+    with ShardedDataLoader(
+        RangeDataset(10), batch_sampler=BadIndexSampler([batch]), **kwargs
+    ) as loader, pytest.raises(exc, match=text):
         list(loader)
 
 
@@ -295,8 +314,9 @@ def _unpicklable_batchify(samples):
 
 
 def test_unpicklable_batch_gets_a_clear_error():
-    loader = ShardedDataLoader(RangeDataset(8), batch_size=4, num_workers=1,
-                               batchify_fn=_unpicklable_batchify)
+    loader = ShardedDataLoader(
+        RangeDataset(8), batch_size=4, num_workers=1, batchify_fn=_unpicklable_batchify
+    )
     with loader, pytest.raises(TypeError, match="cannot be sent from a worker process") as info:
         list(loader)
     assert "indices [0, 1, 2, 3]" in str(info.value)
@@ -309,16 +329,14 @@ class LockedDataset(RangeDataset):
 
 
 def test_unpicklable_dataset_under_spawn_names_the_fix():
-    loader = ShardedDataLoader(LockedDataset(8), batch_size=4, num_workers=1,
-                               start_method="spawn")
+    loader = ShardedDataLoader(LockedDataset(8), batch_size=4, num_workers=1, start_method="spawn")
     with pytest.raises(TypeError, match="thread_pool=True") as info:
         list(loader)
     assert "cannot be pickled" in str(info.value)
     loader.close()
     # and it works under fork and with threads
     for kwargs in (dict(start_method="fork"), dict(thread_pool=True)):
-        with ShardedDataLoader(LockedDataset(8), batch_size=4, num_workers=1,
-                               **kwargs) as loader:
+        with ShardedDataLoader(LockedDataset(8), batch_size=4, num_workers=1, **kwargs) as loader:
             assert labels(loader) == list(range(8))
 
 
@@ -342,8 +360,9 @@ def test_mismatched_shapes_name_sample_and_shapes(pool):
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_every_start_method_works(method):
-    with ShardedDataLoader(RangeDataset(20), batch_size=3, num_workers=2,
-                           start_method=method) as loader:
+    with ShardedDataLoader(
+        RangeDataset(20), batch_size=3, num_workers=2, start_method=method
+    ) as loader:
         assert labels(loader) == list(range(20))
         assert labels(loader) == list(range(20))
 

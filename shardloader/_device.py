@@ -1,0 +1,159 @@
+"""Device placement: copy the NDArrays of a batch, or of each shard of a step, to a context.
+
+These helpers start no threads and never wait unless asked to (:func:`wait_to_read`). The
+prefetch stage (:mod:`shardloader.prefetch`) calls them on its background thread, so a copy
+overlaps with training; the loader calls them for ``pin_memory`` with
+``mx.cpu_pinned(pin_device_id)``.
+
+Only ``NDArray`` leaves move. numpy arrays, numbers, strings and anything else pass through
+unchanged, so a batch can carry lengths or metadata next to its arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Sequence, Union
+
+import mxnet as mx
+from mxnet.ndarray import NDArray
+
+__all__ = ["normalize_ctx", "place", "place_shards", "wait_to_read"]
+
+CtxArg = Union[mx.Context, Sequence[mx.Context]]
+
+
+def normalize_ctx(ctx: CtxArg, name: str = "ctx") -> Union[mx.Context, List[mx.Context]]:
+    """Validate a context argument: one ``mx.Context``, or a non-empty list or tuple of them.
+
+    Parameters
+    ----------
+    ctx : Context or list of Context
+        The value to check.
+    name : str
+        The argument's name, used in error messages.
+
+    Returns
+    -------
+    Context or list of Context
+        A single context unchanged, or a sequence of contexts as a new list.
+
+    Raises
+    ------
+    TypeError
+        If ``ctx`` is neither a Context nor a list or tuple of Contexts.
+    ValueError
+        If ``ctx`` is an empty list or tuple.
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> normalize_ctx((mx.cpu(0), mx.cpu(1)))
+    [cpu(0), cpu(1)]
+    """
+    if isinstance(ctx, mx.Context):
+        return ctx
+    if isinstance(ctx, (list, tuple)):
+        if not ctx:
+            raise ValueError(
+                f"{name} must name at least one context, got an empty {type(ctx).__name__}"
+            )
+        for i, item in enumerate(ctx):
+            if not isinstance(item, mx.Context):
+                raise TypeError(
+                    f"{name}[{i}] must be an mxnet Context such as mx.gpu({i}) or mx.cpu({i}), "
+                    f"got {type(item).__name__}: {item!r}"
+                )
+        return list(ctx)
+    raise TypeError(
+        f"{name} must be an mxnet Context (e.g. mx.gpu(0), mx.cpu_pinned(0)) or a list of them, "
+        f"got {type(ctx).__name__}: {ctx!r}"
+    )
+
+
+def place(batch: Any, ctx: mx.Context) -> Any:
+    """Copy every NDArray in a nested batch to ``ctx``; other leaves are returned as they are.
+
+    Lists, tuples, namedtuples and dicts are rebuilt with the same type and keys. An NDArray
+    already on ``ctx`` is returned without a copy. The copies are asynchronous, as
+    ``as_in_context`` is; call :func:`wait_to_read` on the result to wait for them.
+
+    Examples
+    --------
+    >>> import mxnet as mx, numpy as np
+    >>> out = place({"x": mx.nd.ones((2,)), "n": np.arange(2)}, mx.cpu(1))
+    >>> out["x"].context, type(out["n"]).__name__
+    (cpu(1), 'ndarray')
+    """
+    if isinstance(batch, NDArray):
+        return batch.as_in_context(ctx)
+    if isinstance(batch, list):
+        return [place(item, ctx) for item in batch]
+    if isinstance(batch, tuple):
+        items = [place(item, ctx) for item in batch]
+        if hasattr(batch, "_fields"):  # a namedtuple takes its fields positionally
+            return type(batch)(*items)
+        return type(batch)(items)
+    if isinstance(batch, dict):
+        items = {key: place(value, ctx) for key, value in batch.items()}
+        return items if type(batch) is dict else _rebuild_mapping(batch, items)
+    return batch
+
+
+def _rebuild_mapping(original: dict, items: dict) -> dict:
+    """Rebuild a dict subclass with new values, falling back to a plain dict."""
+    try:
+        return type(original)(items)
+    except TypeError:  # e.g. defaultdict needs its factory first
+        return items
+
+
+def place_shards(step: Sequence[Any], ctxs: Sequence[mx.Context]) -> List[Any]:
+    """Put shard ``i`` of a sharded step on ``ctxs[i]``.
+
+    Parameters
+    ----------
+    step : list or tuple
+        One batch per shard, in shard order.
+    ctxs : list of Context
+        One context per shard.
+
+    Returns
+    -------
+    list
+        The placed shards, in the same order.
+
+    Raises
+    ------
+    TypeError
+        If ``step`` is not a list or tuple of per-shard batches.
+    ValueError
+        If the number of shards differs from the number of contexts.
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> step = [mx.nd.zeros((2,)), mx.nd.ones((2,))]
+    >>> [shard.context for shard in place_shards(step, [mx.cpu(0), mx.cpu(1)])]
+    [cpu(0), cpu(1)]
+    """
+    if not isinstance(step, (list, tuple)):
+        raise TypeError(
+            f"a sharded step must be a list with one batch per context, got {type(step).__name__}"
+        )
+    if len(step) != len(ctxs):
+        raise ValueError(
+            f"the step has {len(step)} shards but {len(ctxs)} contexts were given "
+            f"({list(ctxs)}); each shard needs exactly one context"
+        )
+    return [place(shard, ctx) for shard, ctx in zip(step, ctxs)]
+
+
+def wait_to_read(batch: Any) -> None:
+    """Block until every NDArray in a nested batch is ready to read."""
+    if isinstance(batch, NDArray):
+        batch.wait_to_read()
+    elif isinstance(batch, (list, tuple)):
+        for item in batch:
+            wait_to_read(item)
+    elif isinstance(batch, dict):
+        for item in batch.values():
+            wait_to_read(item)

@@ -1,0 +1,387 @@
+"""Prefetch any iterable on a background thread: :class:`Prefetcher` and :class:`DevicePrefetcher`.
+
+``prefetch(iterable)`` returns a :class:`PrefetchIterator` that owns exactly one daemon thread.
+The thread starts pulling from the source at once (warm start), so the first items are ready
+by the time the training loop asks for them. Stages compose, because a
+:class:`PrefetchIterator` is itself an iterable with ``close()``::
+
+    raw -> Prefetcher -> DevicePrefetcher -> consumer
+
+The protocol, in one place
+--------------------------
+Back-pressure
+    A semaphore holds ``buffer_size`` slots. The thread takes a slot before it pulls an item
+    and the consumer gives it back when it takes the item, so at most ``buffer_size`` items
+    have been pulled from the source and not yet handed out. (For C++ data iterators, which
+    recycle their output buffers, this bound is what keeps handed-out batches intact.)
+Ending
+    After the last item the thread puts a private sentinel (``_END``) on the queue. A source
+    exception is caught on the thread, wrapped in a private ``_Raised`` record and re-raised in
+    the consumer, at the position where it happened, as the original exception object with
+    its original traceback. Either way the iterator is then finished: ``next()`` raises
+    ``StopIteration``. The thread closes its source (if the source has ``close()``) before it
+    exits, because it is the only thread that ever touches the source.
+Never blocking forever
+    Every wait on the queue or on a slot lasts at most ``_POLL_INTERVAL_S`` and then re-checks
+    the stop event (thread side) or whether the thread is still alive (consumer side). A
+    thread that died without a sentinel becomes a :class:`~shardloader._errors.WorkerError`.
+Shutdown
+    ``close()``, the end of the data, and garbage collection all run ``_shutdown`` through one
+    ``weakref.finalize``, so it runs at most once: set the stop event, wake the thread, drop
+    buffered items (their memory is released now, not when the iterator is collected), join
+    with ``_JOIN_TIMEOUT_S``, and drain once more. The thread holds the queue, the event, the
+    semaphore and the source, never the iterator object, so an iterator that is dropped
+    without ``close()`` is collected and its thread stops. Joins are skipped while the
+    interpreter is finalizing. After ``close()``, ``next()`` raises
+    :class:`~shardloader._errors.ClosedIteratorError`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import sys
+import threading
+import warnings
+import weakref
+from functools import partial
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+import mxnet as mx
+
+from . import _device
+from ._errors import ClosedIteratorError, WorkerError
+
+__all__ = ["Prefetcher", "DevicePrefetcher", "PrefetchIterator"]
+
+# How long one wait on the queue or on a slot lasts before stop/liveness are re-checked.
+_POLL_INTERVAL_S = 0.05
+# How long close() waits for the thread to finish the item it is pulling.
+_JOIN_TIMEOUT_S = 5.0
+
+_thread_ids = itertools.count()
+
+
+class _End:
+    """The type of the end-of-data sentinel; never exposed to users."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<end of prefetched data>"
+
+
+_END = _End()
+
+
+class _Raised:
+    """A source exception on its way from the thread to the consumer."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """Validate a size argument: a positive ``int`` (``bool`` is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__}: {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int (1 or more), got {value}")
+    return value
+
+
+def _wait_for_slot(slots: threading.Semaphore, stop: threading.Event) -> bool:
+    """Take a free slot; False if the iterator was stopped meanwhile."""
+    while not slots.acquire(timeout=_POLL_INTERVAL_S):
+        if stop.is_set():
+            return False
+    return not stop.is_set()
+
+
+def _close_source(source: Any, outcome: Any) -> Any:
+    """Close the source if it can be closed; an error there becomes the outcome if none yet."""
+    close = getattr(source, "close", None)
+    if close is None:
+        return outcome
+    try:
+        close()
+    except BaseException as exc:
+        if outcome is _END:
+            return _Raised(exc)
+        warnings.warn(
+            f"closing the source of a prefetch thread raised {exc!r}", RuntimeWarning, stacklevel=1
+        )
+    return outcome
+
+
+def _produce(
+    source: Any,
+    items: queue.SimpleQueue,
+    slots: threading.Semaphore,
+    stop: threading.Event,
+    transform: Optional[Callable[[Any], Any]],
+) -> None:
+    """Thread body: pull, transform and enqueue items until the end, an error or a stop."""
+    outcome: Any = _END
+    item = None
+    try:
+        while True:
+            if not _wait_for_slot(slots, stop):
+                outcome = None
+                break
+            try:
+                item = next(source)
+            except StopIteration:
+                break
+            if stop.is_set():
+                outcome = None
+                break
+            if transform is not None:
+                item = transform(item)
+            items.put(item)
+            item = None  # don't keep the last batch alive after the consumer drops it
+    except BaseException as exc:
+        outcome = _Raised(exc)
+    item = None
+    outcome = _close_source(source, outcome)
+    if outcome is not None:
+        items.put(outcome)
+
+
+def _raisable(exc: BaseException) -> BaseException:
+    """The exception to raise in the consumer: the source's own, traceback and all."""
+    if isinstance(exc, StopIteration):
+        # PEP 479: a StopIteration from a transform must not pass for the end of the data.
+        error = RuntimeError("the prefetch source raised StopIteration")
+        error.__cause__ = exc
+        return error
+    return exc
+
+
+def _drain(items: queue.SimpleQueue) -> None:
+    """Drop everything buffered so the memory of prefetched items is released now."""
+    while True:
+        try:
+            items.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _shutdown(
+    items: queue.SimpleQueue,
+    slots: threading.Semaphore,
+    stop: threading.Event,
+    thread: threading.Thread,
+) -> bool:
+    """Stop, drain, join (bounded) and drain again; True if the thread has ended."""
+    stop.set()
+    slots.release()  # wake a thread waiting for a free slot right away
+    _drain(items)
+    if sys.is_finalizing() or thread is threading.current_thread():
+        return not thread.is_alive()
+    thread.join(_JOIN_TIMEOUT_S)
+    _drain(items)
+    if thread.is_alive():
+        warnings.warn(
+            f"prefetch thread {thread.name} did not stop within {_JOIN_TIMEOUT_S} s; it is still "
+            "inside its source's next() and will exit as soon as that returns",
+            RuntimeWarning,
+            stacklevel=1,
+        )
+        return False
+    return True
+
+
+class PrefetchIterator:
+    """An iterator over ``iterable`` whose items are pulled ahead on one background thread.
+
+    Made by :meth:`Prefetcher.prefetch` and :meth:`DevicePrefetcher.prefetch`. The thread
+    starts in the constructor. The iterator owns the source: the thread closes it (if it has
+    ``close()``) when it stops.
+
+    Parameters
+    ----------
+    iterable : iterable
+        The source. ``iter()`` is called on it here, in the calling thread.
+    buffer_size : int
+        The most items pulled ahead of the consumer.
+    transform : callable, optional
+        Applied to each item on the background thread before it is queued.
+    name : str
+        Part of the thread's name, for debugging.
+    """
+
+    def __init__(
+        self,
+        iterable: Iterable,
+        buffer_size: int = 2,
+        transform: Optional[Callable[[Any], Any]] = None,
+        name: str = "prefetch",
+    ) -> None:
+        buffer_size = check_positive_int(buffer_size, "buffer_size")
+        source = iter(iterable)
+        self._items: queue.SimpleQueue = queue.SimpleQueue()
+        self._slots = threading.Semaphore(buffer_size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_produce,
+            args=(source, self._items, self._slots, self._stop, transform),
+            name=f"shardloader-{name}-{next(_thread_ids)}",
+            daemon=True,
+        )
+        self._thread.start()
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._items, self._slots, self._stop, self._thread
+        )
+        self._finished = False
+        self._closed = False
+
+    def __iter__(self) -> PrefetchIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._finished:
+            if self._closed:
+                raise ClosedIteratorError("trying to advance a closed prefetch iterator")
+            raise StopIteration
+        item = self._take()
+        if item is _END:
+            self._finish()
+            raise StopIteration
+        if type(item) is _Raised:
+            self._finish()
+            exc, item = item.exc, None
+            try:
+                raise _raisable(exc)
+            finally:
+                exc = None  # break the frame <-> traceback cycle
+        self._slots.release()
+        return item
+
+    def _take(self) -> Any:
+        """The next queued object, waiting in short slices while the thread is alive."""
+        while True:
+            try:
+                return self._items.get(timeout=_POLL_INTERVAL_S)
+            except queue.Empty:
+                pass
+            if not self._thread.is_alive():
+                try:
+                    return self._items.get_nowait()
+                except queue.Empty:
+                    self._finish()
+                    raise WorkerError(
+                        f"prefetch thread {self._thread.name} ended without delivering an item, "
+                        "an error or the end of the data"
+                    ) from None
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._finalizer()
+
+    def close(self) -> None:
+        """Stop the thread, drop buffered items and join; safe to call more than once."""
+        self._closed = True
+        self._finish()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def running(self) -> bool:
+        """Whether the background thread is still alive."""
+        return self._thread.is_alive()
+
+    def __enter__(self) -> PrefetchIterator:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "finished" if self._finished else "running"
+        return f"<PrefetchIterator {self._thread.name} {state}>"
+
+
+class Prefetcher:
+    """Run any iterable on a background thread, ``buffer_size`` items ahead.
+
+    Parameters
+    ----------
+    buffer_size : int, default 2
+        The most items pulled from the source and not yet taken by the consumer.
+
+    Examples
+    --------
+    >>> with Prefetcher(buffer_size=2).prefetch(range(5)) as it:
+    ...     list(it)
+    [0, 1, 2, 3, 4]
+    """
+
+    def __init__(self, buffer_size: int = 2) -> None:
+        self.buffer_size = check_positive_int(buffer_size, "buffer_size")
+
+    def prefetch(self, iterable: Iterable) -> PrefetchIterator:
+        """Start a thread pulling from ``iterable`` now and return an iterator over its items."""
+        return PrefetchIterator(iterable, self.buffer_size, name="prefetch")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(buffer_size={self.buffer_size})"
+
+
+def _place_and_wait(item: Any, ctx: mx.Context) -> Any:
+    placed = _device.place(item, ctx)
+    _device.wait_to_read(placed)
+    return placed
+
+
+def _place_shards_and_wait(step: Any, ctxs: Sequence[mx.Context]) -> Any:
+    placed = _device.place_shards(step, ctxs)
+    _device.wait_to_read(placed)
+    return placed
+
+
+class DevicePrefetcher(Prefetcher):
+    """Copy items to a device on a background thread, so they arrive ready to use.
+
+    Parameters
+    ----------
+    ctx : Context or list of Context
+        One context: the whole item (any nested structure of NDArrays) is copied there. A
+        list of contexts: every item must be a list with one batch per shard, and shard ``i``
+        is copied to ``ctx[i]``. ``mx.cpu_pinned(i)`` gives page-locked host memory.
+    buffer_size : int, default 2
+        The most items copied ahead of the consumer.
+
+    Notes
+    -----
+    The thread waits for each copy to finish (``wait_to_read``) before it hands the item
+    out, so the consumer never waits on a copy. numpy leaves are left where they are.
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> steps = [[mx.nd.ones((2,)), mx.nd.zeros((2,))] for _ in range(3)]
+    >>> with DevicePrefetcher([mx.cpu(0), mx.cpu(1)]).prefetch(steps) as it:
+    ...     [[shard.context for shard in step] for step in it][0]
+    [cpu(0), cpu(1)]
+    """
+
+    def __init__(self, ctx: Union[mx.Context, Sequence[mx.Context]], buffer_size: int = 2) -> None:
+        super().__init__(buffer_size)
+        self.ctx = _device.normalize_ctx(ctx, "ctx")
+
+    def prefetch(self, iterable: Iterable) -> PrefetchIterator:
+        """Start copying items of ``iterable`` to the context(s) now; return an iterator."""
+        if isinstance(self.ctx, list):
+            transform = partial(_place_shards_and_wait, ctxs=list(self.ctx))
+        else:
+            transform = partial(_place_and_wait, ctx=self.ctx)
+        return PrefetchIterator(iterable, self.buffer_size, transform=transform, name="device")
+
+    def __repr__(self) -> str:
+        return f"DevicePrefetcher(ctx={self.ctx!r}, buffer_size={self.buffer_size})"

@@ -1,0 +1,557 @@
+"""RecordIO datasets: exact round trips through every kind of worker, fork and spawn safety,
+and a clear error (never a hang, never garbage) for every kind of damaged file."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import re
+import shutil
+import struct
+import threading
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from shardloader import ShardedDataLoader
+from shardloader.recordio import (
+    ImageRecordDataset,
+    RecordDataset,
+    RecordIOError,
+    pack_images,
+    pack_records,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+N_RECORDS = 1000
+IMAGE_SHAPE = (8, 8, 3)
+MAGIC = struct.pack("<I", 0xCED7230A)
+
+
+# -- module-level helpers, so they pickle under spawn ----------------------------------------
+
+
+def with_pid(image, label):
+    """A transform that records which process decoded the sample."""
+    return image, label, np.int64(os.getpid())
+
+
+def as_list(samples):
+    return list(samples)
+
+
+class Order(mx.gluon.data.Sampler):
+    """A fixed sample order."""
+
+    def __init__(self, order) -> None:
+        self._order = [int(i) for i in order]
+
+    def __iter__(self):
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+def portable(sample):
+    if isinstance(sample, mx.nd.NDArray):
+        return sample.asnumpy()
+    if isinstance(sample, tuple):
+        return tuple(portable(x) for x in sample)
+    return sample
+
+
+def read_in_child(dataset, indices, conn) -> None:
+    """Read ``indices`` in a child process and send back the records and who opened the file."""
+    try:
+        # NDArrays would travel by file descriptor, which needs the child alive: send numpy.
+        records = [portable(dataset[i]) for i in indices]
+        conn.send(("ok", records, dataset._reader.pid, os.getpid()))
+    except BaseException as exc:
+        conn.send(("error", repr(exc), None, os.getpid()))
+    finally:
+        conn.close()
+
+
+def run_child(start_method, dataset, indices):
+    ctx = multiprocessing.get_context(start_method)
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=read_in_child, args=(dataset, indices, sender))
+    child.start()
+    sender.close()
+    try:
+        assert receiver.poll(45), "the child sent nothing back"
+        status, result, reader_pid, child_pid = receiver.recv()
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join(5)
+    assert status == "ok", result
+    assert child.exitcode == 0
+    return result, reader_pid, child_pid
+
+
+def as_numpy(batch):
+    return batch.asnumpy() if isinstance(batch, mx.nd.NDArray) else np.asarray(batch)
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory):
+    """1,000 random 8x8 RGB images with float labels i / 2, packed losslessly."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(N_RECORDS,) + IMAGE_SHAPE, dtype=np.uint8)
+    labels = np.arange(N_RECORDS) / 2
+    rec, idx = pack_images(tmp_path_factory.mktemp("images") / "images.rec", images, labels)
+    return types.SimpleNamespace(rec=rec, idx=idx, images=images, labels=labels)
+
+
+@pytest.fixture(scope="module")
+def raw_file(tmp_path_factory):
+    """1,000 raw records of varied lengths, some holding RecordIO's magic number, one empty."""
+    rng = np.random.default_rng(1)
+    records = [rng.bytes(int(n)) for n in rng.integers(0, 40, size=N_RECORDS)]
+    records[3] = b""
+    records[10] = MAGIC
+    records[11] = MAGIC * 3 + b"x"
+    records[12] = b"ab" + MAGIC + b"cd" + MAGIC
+    rec, idx = pack_records(tmp_path_factory.mktemp("raw") / "raw.rec", records)
+    return types.SimpleNamespace(rec=rec, idx=idx, records=records)
+
+
+def copy_pair(source, tmp_path, name="copy"):
+    rec, idx = tmp_path / f"{name}.rec", tmp_path / f"{name}.idx"
+    shutil.copyfile(source.rec, rec)
+    shutil.copyfile(source.idx, idx)
+    return rec, idx
+
+
+def offsets_of(idx_path):
+    with open(idx_path) as lines:
+        return [int(line.split("\t")[1]) for line in lines]
+
+
+# -- loaders ---------------------------------------------------------------------------------
+
+LOADER_MODES = {
+    "inline": dict(num_workers=0),
+    "threads": dict(num_workers=2, thread_pool=True),
+    "fork": dict(num_workers=2, start_method="fork"),
+    "spawn": dict(num_workers=2, start_method="spawn"),
+}
+
+
+def read_batches(dataset, mode, **kwargs):
+    with ShardedDataLoader(dataset, **LOADER_MODES[mode], **kwargs) as loader:
+        return list(loader)
+
+
+@pytest.mark.parametrize("mode", list(LOADER_MODES))
+def test_loader_reads_every_image_in_sampler_order(image_file, mode, no_leaks):
+    order = np.random.default_rng(2).permutation(N_RECORDS)
+    dataset = ImageRecordDataset(image_file.rec, transform=with_pid)
+    batches = read_batches(dataset, mode, batch_size=32, sampler=Order(order))
+
+    assert len(batches) == 32  # 31 full batches and 8 samples kept
+    images = np.concatenate([as_numpy(b[0]) for b in batches])
+    labels = np.concatenate([as_numpy(b[1]) for b in batches])
+    pids = set(np.concatenate([as_numpy(b[2]) for b in batches]).tolist())
+    np.testing.assert_array_equal(images, image_file.images[order])
+    np.testing.assert_array_equal(labels, image_file.labels[order].astype(np.float32))
+    assert labels.dtype == np.float32
+    if mode in ("inline", "threads"):
+        assert pids == {os.getpid()}
+    else:  # decoded in the worker processes, not in the parent
+        assert os.getpid() not in pids and 1 <= len(pids) <= 2
+
+
+@pytest.mark.parametrize("mode", ["inline", "threads", "fork"])
+def test_loader_reads_every_raw_record_in_sampler_order(raw_file, mode, no_leaks):
+    order = np.random.default_rng(3).permutation(N_RECORDS)
+    dataset = RecordDataset(raw_file.rec)
+    batches = read_batches(dataset, mode, batch_size=50, sampler=Order(order), batchify_fn=as_list)
+    records = [record for batch in batches for record in batch]
+    assert records == [raw_file.records[i] for i in order]
+
+
+@pytest.mark.parametrize("mode", ["inline", "threads", "fork"])
+def test_loader_reports_a_broken_record_by_file_and_index(image_file, tmp_path, mode, no_leaks):
+    rec, _ = copy_pair(image_file, tmp_path)
+    offsets = offsets_of(image_file.idx)
+    with open(rec, "r+b") as f:  # damage the PNG data in the middle of record 500
+        f.seek((offsets[500] + offsets[501]) // 2)
+        f.write(b"\xab" * 8)
+    with pytest.raises(RecordIOError, match=re.escape(f"{rec}: record 500 (key 500")):
+        read_batches(ImageRecordDataset(rec), mode, batch_size=100)
+
+
+# -- processes and threads, directly ---------------------------------------------------------
+
+
+def test_forked_child_opens_its_own_handle_and_leaves_the_parents_alone(raw_file):
+    dataset = RecordDataset(raw_file.rec)
+    assert dataset[5] == raw_file.records[5]  # the parent opens its handle before forking
+    parent_reader = dataset._reader
+    backwards = list(range(N_RECORDS - 1, -1, -1))
+
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=read_in_child, args=(dataset, backwards, sender))
+    child.start()
+    sender.close()
+    try:
+        # Read in the parent while the child reads: shared file offsets would mix records.
+        for _ in range(3):
+            assert [dataset[i] for i in range(N_RECORDS)] == raw_file.records
+        assert receiver.poll(45), "the child sent nothing back"
+        status, records, reader_pid, child_pid = receiver.recv()
+    finally:
+        child.join(10)
+    assert status == "ok", records
+    assert child.exitcode == 0
+    assert records == raw_file.records[::-1]
+    assert reader_pid == child_pid != os.getpid()
+    assert dataset._reader is parent_reader
+    assert [dataset[i] for i in range(N_RECORDS)] == raw_file.records
+
+
+def test_forked_child_decodes_images(image_file):
+    dataset = ImageRecordDataset(image_file.rec)
+    dataset[0]
+    samples, _, _ = run_child("fork", dataset, [1, 998])
+    for (image, label), i in zip(samples, [1, 998]):
+        np.testing.assert_array_equal(image, image_file.images[i])
+        assert label == image_file.labels[i]
+
+
+def test_dataset_pickles_without_its_handle_and_reads_under_spawn(image_file):
+    dataset = ImageRecordDataset(image_file.rec, transform=with_pid)
+    dataset[0]  # a handle is open; pickling must leave it out and keep it working
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert clone._reader is None and len(clone) == N_RECORDS
+    np.testing.assert_array_equal(clone[7][0].asnumpy(), image_file.images[7])
+
+    samples, reader_pid, child_pid = run_child("spawn", dataset, [0, 999])
+    assert reader_pid == child_pid != os.getpid()
+    for (image, label, pid), i in zip(samples, [0, 999]):
+        np.testing.assert_array_equal(image, image_file.images[i])
+        assert label == image_file.labels[i] and pid == child_pid
+    np.testing.assert_array_equal(dataset[999][0].asnumpy(), image_file.images[999])
+
+
+def test_threads_share_one_dataset_safely(raw_file):
+    dataset = RecordDataset(raw_file.rec)
+    with ThreadPoolExecutor(4) as pool:
+        chunks = [range(start, N_RECORDS, 4) for start in range(4)]
+        results = list(pool.map(lambda chunk: [dataset[i] for i in chunk], chunks * 3))
+    for chunk, records in zip(chunks * 3, results):
+        assert records == [raw_file.records[i] for i in chunk]
+
+
+def test_close_while_other_threads_read(raw_file):
+    dataset = RecordDataset(raw_file.rec)
+    stop = threading.Event()
+
+    def keep_closing():
+        while not stop.is_set():
+            dataset.close()
+            time.sleep(0)
+
+    closer = threading.Thread(target=keep_closing)
+    closer.start()
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            records = list(pool.map(dataset.__getitem__, list(range(N_RECORDS)) * 3))
+    finally:
+        stop.set()
+        closer.join(10)
+    assert records == raw_file.records * 3
+
+
+# -- samples ---------------------------------------------------------------------------------
+
+
+def test_images_and_scalar_labels_round_trip_exactly(image_file):
+    dataset = ImageRecordDataset(image_file.rec)
+    assert len(dataset) == N_RECORDS
+    for i in (0, 1, 500, 999, -1):
+        image, label = dataset[i]
+        assert isinstance(image, mx.nd.NDArray) and image.dtype == np.uint8
+        np.testing.assert_array_equal(image.asnumpy(), image_file.images[i])
+        assert isinstance(label, np.float32) and label == image_file.labels[i]
+
+
+def test_vector_labels_come_back_as_float32_arrays_and_batch(tmp_path):
+    images = np.zeros((6, 4, 5, 3), dtype=np.uint8)
+    labels = [[i, -i, 0.25] for i in range(6)]
+    pack_images(tmp_path / "v.rec", images, labels)
+    dataset = ImageRecordDataset(tmp_path / "v.rec")
+    image, label = dataset[4]
+    assert image.shape == (4, 5, 3)
+    assert label.dtype == np.float32 and label.flags.writeable
+    np.testing.assert_array_equal(label, [4, -4, 0.25])
+
+    batch = read_batches(dataset, "inline", batch_size=6)[0]
+    assert batch[0].shape == (6, 4, 5, 3)
+    np.testing.assert_array_equal(batch[1].asnumpy(), np.array(labels, dtype=np.float32))
+
+
+def test_grey_images_and_the_decode_flag(tmp_path):
+    grey = np.random.default_rng(4).integers(0, 256, size=(3, 6, 7), dtype=np.uint8)
+    pack_images(tmp_path / "g.rec", grey, [0, 1, 2])
+    image, _ = ImageRecordDataset(tmp_path / "g.rec", flag=0)[2]
+    np.testing.assert_array_equal(image.asnumpy(), grey[2][:, :, None])
+    image, _ = ImageRecordDataset(tmp_path / "g.rec", flag=1)[2]
+    np.testing.assert_array_equal(image.asnumpy(), np.repeat(grey[2][:, :, None], 3, axis=2))
+    with pytest.raises(ValueError, match="flag"):
+        ImageRecordDataset(tmp_path / "g.rec", flag=2)
+
+
+def test_raw_records_round_trip_including_magic_and_empty(raw_file):
+    dataset = RecordDataset(raw_file.rec)
+    assert [dataset[i] for i in range(N_RECORDS)] == raw_file.records
+    assert dataset[-1] == raw_file.records[-1]
+
+
+def test_transform_and_transform_first(image_file):
+    def scale(image):
+        return image.astype("float32") / 255
+
+    dataset = ImageRecordDataset(image_file.rec).transform_first(scale)
+    image, label = dataset[3]
+    np.testing.assert_allclose(image.asnumpy(), image_file.images[3] / 255, rtol=1e-6)
+    assert label == image_file.labels[3]
+
+    numpy_dataset = ImageRecordDataset(image_file.rec, transform=lambda x, y: (x.asnumpy(), y))
+    batch = read_batches(numpy_dataset, "inline", batch_size=10)[0]
+    np.testing.assert_array_equal(batch[0].asnumpy(), image_file.images[:10])
+
+    raw = RecordDataset(image_file.rec).transform(len)
+    assert raw[0] == len(RecordDataset(image_file.rec)[0])
+
+
+def test_index_errors_name_the_index_and_the_length(raw_file):
+    dataset = RecordDataset(raw_file.rec)
+    for bad in (N_RECORDS, -N_RECORDS - 1, np.int64(5000)):
+        with pytest.raises(IndexError, match=rf"index {bad} .*length {N_RECORDS}"):
+            dataset[bad]
+    assert dataset[np.int64(7)] == raw_file.records[7]
+    with pytest.raises(TypeError, match="integers"):
+        dataset[1.0]
+
+
+def test_a_sparse_index_reads_fine(raw_file, tmp_path):
+    offsets = offsets_of(raw_file.idx)
+    (tmp_path / "sparse.idx").write_text(f"7\t{offsets[7]}\n3\t{offsets[3]}\n12\t{offsets[12]}\n")
+    dataset = RecordDataset(raw_file.rec, tmp_path / "sparse.idx")
+    assert [dataset[i] for i in range(3)] == [raw_file.records[i] for i in (7, 3, 12)]
+
+
+# -- damaged files ---------------------------------------------------------------------------
+
+
+def test_missing_files_are_named(raw_file, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.rec"):
+        RecordDataset(tmp_path / "nope.rec")
+    with pytest.raises(FileNotFoundError, match="nope.idx"):
+        RecordDataset(raw_file.rec, tmp_path / "nope.idx")
+
+
+def test_an_index_pointing_past_the_end_is_refused_at_construction(raw_file, tmp_path):
+    rec, idx = copy_pair(raw_file, tmp_path)
+    with open(idx, "a") as f:
+        f.write(f"{N_RECORDS}\t{os.path.getsize(rec) + 64}\n")
+    with pytest.raises(RecordIOError, match=rf"{re.escape(str(idx))}.*past the end.*key 1000"):
+        RecordDataset(rec)
+
+
+def test_a_truncated_rec_is_refused_or_named(raw_file, tmp_path):
+    rec, idx = copy_pair(raw_file, tmp_path)
+    offsets = offsets_of(idx)
+    os.truncate(rec, offsets[900] + 3)  # record 900's header is cut: the .idx points past it
+    with pytest.raises(RecordIOError, match=r"past the end.*record 900 \(key 900"):
+        RecordDataset(rec)
+
+    with open(idx, "w") as f:  # an .idx of the first 900 records, whose last one is cut short
+        f.writelines(f"{i}\t{offsets[i]}\n" for i in range(900))
+    os.truncate(rec, offsets[900] - 2)
+    dataset = RecordDataset(rec)
+    with pytest.raises(RecordIOError, match=r"record 899 \(key 899.*corrupt or truncated"):
+        dataset[899]
+    assert dataset[898] == raw_file.records[898]
+
+
+def test_truncation_after_construction_does_not_poison_the_handle(raw_file, tmp_path):
+    rec, idx = copy_pair(raw_file, tmp_path)
+    dataset = RecordDataset(rec)
+    os.truncate(rec, offsets_of(idx)[700])
+    # MXNet returns None past the end, and then None for every later read on that handle.
+    with pytest.raises(RecordIOError, match=r"record 800 .*truncated"):
+        dataset[800]
+    assert dataset[5] == raw_file.records[5]
+    assert dataset[699] == raw_file.records[699]
+
+
+def test_every_read_of_a_truncated_file_is_exact_or_an_error(raw_file, tmp_path):
+    rec, _ = copy_pair(raw_file, tmp_path)
+    size = os.path.getsize(rec)
+    for cut in np.random.default_rng(5).integers(size // 2, size, size=6):
+        os.truncate(rec, int(cut))
+        try:
+            dataset = RecordDataset(rec)
+        except RecordIOError:
+            continue
+        for i in range(N_RECORDS):
+            try:
+                assert dataset[i] == raw_file.records[i]
+            except RecordIOError as exc:
+                assert exc.index == i and exc.path == str(rec)
+
+
+def write_header(rec, offset, magic=0xCED7230A, flag=0, length=0):
+    with open(rec, "r+b") as f:
+        f.seek(offset)
+        f.write(struct.pack("<II", magic, (flag << 29) | length))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        dict(magic=0xDEADBEEF, length=20),  # not a header: MXNet raises, without the file
+        dict(length=4),  # shorter: MXNet returns the first 4 bytes as if they were the record
+        dict(length=36),  # longer: MXNet returns this record glued to the next one's header
+        dict(flag=1, length=20),  # "continued": MXNet glues the next record on
+        dict(length=1 << 20),  # longer than the file
+    ],
+)
+def test_a_damaged_record_header_is_named_and_spares_its_neighbours(raw_file, tmp_path, damage):
+    records = [bytes([i]) * 20 for i in range(30)]
+    rec, idx = pack_records(tmp_path / "h.rec", records)
+    write_header(rec, offsets_of(idx)[14], **damage)
+    dataset = RecordDataset(rec)
+    with pytest.raises(RecordIOError, match=re.escape(f"{rec}: record 14 (key 14, byte offset")):
+        dataset[14]
+    assert [dataset[i] for i in (13, 15, 0, 29)] == [records[i] for i in (13, 15, 0, 29)]
+
+
+def test_overwritten_bytes_in_the_middle_of_the_file(image_file, tmp_path):
+    rec, idx = copy_pair(image_file, tmp_path)
+    offsets = offsets_of(idx)
+    with open(rec, "r+b") as f:  # 64 bytes of zeros across the start of record 500
+        f.seek(offsets[500] - 32)
+        f.write(bytes(64))
+    dataset = ImageRecordDataset(rec)
+    with pytest.raises(RecordIOError, match=r"record 500 \(key 500"):
+        dataset[500]
+    with pytest.raises(RecordIOError, match=r"record 499 \(key 499.*not a decodable image"):
+        dataset[499]  # its PNG end chunk is damaged
+    for i in (0, 498, 501, 999):
+        np.testing.assert_array_equal(dataset[i][0].asnumpy(), image_file.images[i])
+
+
+def test_an_index_pointing_inside_a_record(raw_file, tmp_path):
+    offsets = offsets_of(raw_file.idx)
+    (tmp_path / "mid.idx").write_text(f"0\t{offsets[0]}\n1\t{offsets[20] + 4}\n")
+    dataset = RecordDataset(raw_file.rec, tmp_path / "mid.idx")
+    with pytest.raises(RecordIOError, match=r"record 1 \(key 1, byte offset"):
+        dataset[1]
+    assert dataset[0] == raw_file.records[0]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("0\t0\n\n", "line 2"),
+        ("0\t0\n1 8\n", "line 2"),
+        ("0\t0\n0\t8\n", "key 0 repeats line 1"),
+        ("0\t-8\n", "negative"),
+    ],
+)
+def test_a_malformed_index_names_the_line(raw_file, tmp_path, content, message):
+    (tmp_path / "bad.idx").write_text(content)
+    with pytest.raises(RecordIOError, match=re.escape(message)):
+        RecordDataset(raw_file.rec, tmp_path / "bad.idx")
+
+
+def test_records_that_are_not_images(tmp_path):
+    header = mx.recordio.IRHeader(0, 1.0, 0, 0)
+    records = [mx.recordio.pack(header, b"not an image"), b"short", mx.recordio.pack(header, b"")]
+    rec, _ = pack_records(tmp_path / "n.rec", records)
+    dataset = ImageRecordDataset(rec)
+    with pytest.raises(RecordIOError, match=r"record 0 .*not a decodable image"):
+        dataset[0]
+    with pytest.raises(RecordIOError, match=r"record 1 .*no valid IRHeader"):
+        dataset[1]
+    with pytest.raises(RecordIOError, match=r"record 2 .*not a decodable image"):
+        dataset[2]
+
+
+def test_the_error_pickles_with_its_details():
+    error = RecordIOError("boom", path="x.rec", index=3, key=4, offset=96)
+    clone = pickle.loads(pickle.dumps(error))
+    assert isinstance(clone, ValueError) and str(clone) == "boom"
+    assert (clone.path, clone.index, clone.key, clone.offset) == ("x.rec", 3, 4, 96)
+
+
+# -- packing ---------------------------------------------------------------------------------
+
+
+def test_pack_images_checks_its_input_and_leaves_no_partial_files(tmp_path):
+    good = np.zeros((4, 4, 3), dtype=np.uint8)
+    target = tmp_path / "p.rec"
+    cases = [
+        ([good, good], [0], "differ in length"),
+        ([good, good.astype(np.float32)], [0, 1], r"images\[1\]"),
+        ([good, good[:, :, :2]], [0, 1], r"images\[1\]"),
+        ([good], [[[1.0]]], r"labels\[0\]"),
+        ([good], [[]], r"labels\[0\]"),
+    ]
+    for images, labels, message in cases:
+        with pytest.raises(ValueError, match=message):
+            pack_images(target, images, labels)
+    with pytest.raises(TypeError, match=r"records\[1\]"):
+        pack_records(target, [b"x", "text"])
+    assert os.listdir(tmp_path) == []
+
+
+def test_pack_images_from_a_generator_with_a_progress_bar(tmp_path, capsys):
+    images = (np.full((2, 2, 3), i, dtype=np.uint8) for i in range(3))
+    rec, idx = pack_images(tmp_path / "p.rec", images, [0, 1, 2], progress=True)
+    assert (rec, idx) == (str(tmp_path / "p.rec"), str(tmp_path / "p.idx"))
+    assert "p.rec" in capsys.readouterr().err
+    assert ImageRecordDataset(rec)[2][0].asnumpy().max() == 2
+
+
+def test_other_formats_use_pack_img_with_cv2(tmp_path, monkeypatch):
+    from shardloader import recordio
+
+    monkeypatch.setattr(mx.recordio, "cv2", None)
+    with pytest.raises(ImportError, match="opencv-python"):
+        pack_images(tmp_path / "j.rec", [np.zeros((2, 2, 3), np.uint8)], [0], img_fmt=".jpg")
+
+    calls = []
+
+    def imencode(fmt, image, params):
+        # Like OpenCV: the array is BGR, the file is RGB. PNG stands in for JPEG here.
+        calls.append((fmt, params))
+        return True, np.frombuffer(recordio._png(image[:, :, ::-1], 6), dtype=np.uint8)
+
+    fake_cv2 = types.SimpleNamespace(
+        IMWRITE_JPEG_QUALITY=1, IMWRITE_PNG_COMPRESSION=16, imencode=imencode
+    )
+    monkeypatch.setattr(mx.recordio, "cv2", fake_cv2)
+    rgb = np.random.default_rng(6).integers(0, 256, size=(2, 5, 4, 3), dtype=np.uint8)
+    rec, _ = pack_images(tmp_path / "j.rec", rgb, [1, 2], quality=80, img_fmt=".jpg")
+    assert calls == [(".jpg", [1, 80])] * 2
+    image, label = ImageRecordDataset(rec)[1]
+    np.testing.assert_array_equal(image.asnumpy(), rgb[1])
+    assert label == 2
