@@ -5,6 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+SRC    := $(wildcard shardloader tests benchmarks examples)
 
 .PHONY: test demo bench docs lint format clean
 
@@ -16,8 +17,8 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	rm -f $(VENV)/.stamp-* && touch $@
 
 lint: $(STAMP)
-	$(BIN)/ruff check shardloader tests benchmarks examples
-	$(BIN)/ruff format --check shardloader tests benchmarks examples
+	$(BIN)/ruff check $(SRC)
+	$(BIN)/ruff format --check $(SRC)
 
 test: lint
 	$(BIN)/python -m pytest -q
@@ -30,8 +31,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 format: $(STAMP)
-	$(BIN)/ruff format shardloader tests benchmarks examples
-	$(BIN)/ruff check --fix shardloader tests benchmarks examples
+	$(BIN)/ruff format $(SRC)
+	$(BIN)/ruff check --fix $(SRC)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache site

@@ -214,8 +214,8 @@ class ProcessPool:
             w.tasks[(task.gen, task.batches[0][0])] = task
             try:
                 w.conn.send_bytes(
-                    pickle.dumps(
-                        ("task",) + tuple(task) + (released,), protocol=pickle.HIGHEST_PROTOCOL
+                    reduction.ForkingPickler.dumps(
+                        ("task",) + tuple(task) + (released,), pickle.HIGHEST_PROTOCOL
                     )
                 )
             except (OSError, ValueError):

@@ -33,8 +33,6 @@ import numpy as np
 from ._alloc import as_ndarray
 
 _ALIGN = 64
-# Arrays smaller than this travel inside the pickled message instead of a slot.
-_INLINE_LIMIT_BYTES = 1 << 16
 # Headroom over the last batch's size, so slightly larger batches reuse the slot.
 _HEADROOM = 1.25
 _MIN_SLOT_BYTES = 1 << 16
@@ -57,18 +55,6 @@ class ArrayRef:
 
     def __reduce__(self):
         return ArrayRef, (self.offset, self.shape, self.dtype, self.as_nd)
-
-
-class InlineND:
-    """A small NDArray batch leaf that travels pickled as numpy and is rebuilt as NDArray."""
-
-    __slots__ = ("array",)
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def __reduce__(self):
-        return InlineND, (self.array,)
 
 
 def map_structure(obj: Any, fn: Callable[[Any], Any]) -> Any:
@@ -196,24 +182,21 @@ class SlotRing:
     def pack(self, result: Any, promoted: Set[int]) -> Tuple[Any, Optional[int], list]:
         """Turn a batch into ``(skeleton, slot_id, fds_to_send)``.
 
-        Array leaves that already live in the current slot become :class:`ArrayRef` with no
-        copy; other large arrays and NDArrays are copied in once. If they don't fit, every
-        array goes to one new slot large enough for all of them.
+        Every array leaf travels in the slot, never as pickled bytes: leaves that batchify
+        already stacked into the current slot become :class:`ArrayRef` with no copy; other
+        numpy arrays and NDArrays are copied in once. If they don't fit, every array goes to
+        one new slot large enough for all of them. Only object arrays (strings, ...) and
+        non-array leaves are pickled.
         """
         slot = self.current
         self.current = None
         leaves: List[Tuple[Any, bool]] = []  # (array or NDArray, as_nd)
 
         def collect(leaf):
-            if isinstance(leaf, np.ndarray):
-                as_nd = id(leaf) in promoted
-                if as_nd or leaf.nbytes >= _INLINE_LIMIT_BYTES or self._in_slot(slot, leaf):
-                    leaves.append((leaf, as_nd))
-                    return _Pending(len(leaves) - 1)
-                return leaf
+            if isinstance(leaf, np.ndarray) and not leaf.dtype.hasobject:
+                leaves.append((leaf, id(leaf) in promoted))
+                return _Pending(len(leaves) - 1)
             if _is_ndarray(leaf):
-                if leaf.size * np.dtype(leaf.dtype).itemsize < _INLINE_LIMIT_BYTES:
-                    return InlineND(leaf.asnumpy())
                 leaves.append((leaf, True))
                 return _Pending(len(leaves) - 1)
             return leaf
@@ -391,7 +374,7 @@ class SlotTable:
     def materialize(self, worker_key: int, slot_id: Optional[int], skeleton: Any) -> Any:
         """Rebuild a batch from its skeleton, wrapping slot memory without copying."""
         if slot_id is None:
-            return map_structure(skeleton, _inline_leaf)
+            return skeleton
         mapped = self._slots[(worker_key, slot_id)]
         buffer = mapped.buffer()
         base = np.frombuffer(buffer, dtype=np.uint8)
@@ -408,7 +391,7 @@ class SlotTable:
                 nbytes[0] += n
                 arr = base[leaf.offset : leaf.offset + n].view(dtype).reshape(leaf.shape)
                 return as_ndarray(arr) if leaf.as_nd else arr
-            return _inline_leaf(leaf)
+            return leaf
 
         batch = map_structure(skeleton, rebuild)
         self.bytes_delivered += nbytes[0]
@@ -464,9 +447,3 @@ class SlotTable:
                 if not self._slots[key].busy:
                     self._slots.pop(key).unmap()
             self._releases.clear()
-
-
-def _inline_leaf(leaf):
-    if isinstance(leaf, InlineND):
-        return as_ndarray(leaf.array)
-    return leaf

@@ -205,13 +205,18 @@ def _one_batch(worker_id, maker, ring, raw, gen, epoch, seq, indices, new_slots)
     return (gen, seq, True, (skeleton, slot_id), time.perf_counter() - start)
 
 
+def _dumps(obj) -> bytes:
+    """Pickle a message with multiprocessing's reducers (what crosses is metadata only)."""
+    return reduction.ForkingPickler.dumps(obj, pickle.HIGHEST_PROTOCOL)
+
+
 def _send(conn, results, new_slots, dropped, ring, worker_id, indices_by_seq) -> None:
     meta = [(sid, cap) for sid, cap, _ in new_slots]
     try:
-        data = pickle.dumps((results, meta, dropped), protocol=pickle.HIGHEST_PROTOCOL)
+        data = _dumps((results, meta, dropped))
     except Exception:
         results = [_picklable(r, ring, worker_id, indices_by_seq.get(r[1])) for r in results]
-        data = pickle.dumps((results, meta, dropped), protocol=pickle.HIGHEST_PROTOCOL)
+        data = _dumps((results, meta, dropped))
     conn.send_bytes(data)
     for sid, _, fd in new_slots:
         reduction.send_handle(conn, fd, os.getppid())
@@ -222,13 +227,13 @@ def _picklable(result, ring, worker_id, indices):
     gen, seq, ok, payload, busy = result
     if not ok:
         try:
-            pickle.dumps(payload)
+            _dumps(payload)
             return result
         except Exception:
             payload.exc_type = None
             return (gen, seq, False, payload, busy)
     try:
-        pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        _dumps(payload)
         return result
     except Exception as exc:
         skeleton, slot_id = payload

@@ -1,0 +1,157 @@
+"""The stages below the loader, tested without workers: reorder buffer and shm transport."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from shardloader import _alloc, batchify
+from shardloader._reorder import ReorderBuffer
+from shardloader._shm import ArrayRef, SlotRing, SlotTable
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_reorder_buffer_releases_in_sequence_order():
+    buf = ReorderBuffer(start=5)
+    for seq in (7, 5, 9, 6, 8):
+        buf.put(seq, f"b{seq}")
+    out = []
+    while buf.ready():
+        out.append(buf.pop())
+    assert out == ["b5", "b6", "b7", "b8", "b9"]
+    assert len(buf) == 0 and buf.max_depth == 5
+
+
+def test_reorder_buffer_rejects_duplicates_and_stale_results():
+    buf = ReorderBuffer()
+    buf.put(0, "a")
+    with pytest.raises(KeyError, match="duplicate"):
+        buf.put(0, "again")
+    buf.pop()
+    with pytest.raises(KeyError):
+        buf.put(0, "late")
+
+
+def test_reorder_buffer_drain_returns_everything_held():
+    buf = ReorderBuffer()
+    buf.put(3, "d")
+    buf.put(1, "b")
+    assert list(buf.drain()) == [(1, "b"), (3, "d")]
+    assert len(buf) == 0 and not buf.ready()
+
+
+def _ship(ring, table, batch, promoted=None, key=0):
+    """What a worker and the main process do with one batch, in one process."""
+    skeleton, slot_id, fds = ring.pack(batch, promoted or {})
+    message = pickle.dumps((skeleton, slot_id))
+    for sid, capacity, fd in fds:
+        table.adopt(key, sid, os.dup(fd), capacity)
+        ring.sent_fd(sid)
+    skeleton, slot_id = pickle.loads(message)
+    table.received(key, slot_id)
+    return table.materialize(key, slot_id, skeleton), message
+
+
+def test_batch_crosses_as_metadata_not_bytes():
+    ring, table = SlotRing(), SlotTable()
+    try:
+        ring.begin()
+        promoted: dict = {}
+        samples = [(np.full((256, 256), i, np.float32), i) for i in range(8)]
+        with _alloc.allocating(ring.allocate, raw=True, promoted=promoted):
+            batch = batchify.default_batchify_fn(samples)
+        out, message = _ship(ring, table, batch, promoted)
+        assert len(message) < 1024, "2 MB of data must travel as a few hundred bytes"
+        assert isinstance(out[0], mx.nd.NDArray) and isinstance(out[1], mx.nd.NDArray)
+        assert out[0].shape == (8, 256, 256) and out[1].asnumpy().tolist() == list(range(8))
+    finally:
+        ring.close()
+        table.close()
+
+
+def test_second_batch_is_stacked_straight_into_a_reused_slot():
+    ring, table = SlotRing(), SlotTable()
+    try:
+        outs = []
+        for step in range(3):
+            ring.begin()
+            promoted: dict = {}
+            with _alloc.allocating(ring.allocate, raw=True, promoted=promoted):
+                batch = batchify.Stack()([np.full((1000,), step, np.int64)] * 4)
+            in_slot = ring._in_slot(ring.current, batch)
+            out, _ = _ship(ring, table, batch, promoted)
+            outs.append(out.asnumpy())
+            if step > 0:
+                assert in_slot, "after the first batch, the stack lands in the slot itself"
+            del out
+            gc.collect()
+            ring.release(table.take_releases(0))  # the user dropped the batch
+        assert [o[0, 0] for o in outs] == [0, 1, 2]
+        assert len(ring._slots) == 1, "one slot, reused for every batch"
+    finally:
+        ring.close()
+        table.close()
+
+
+def test_user_leaves_keep_their_types():
+    ring, table = SlotRing(), SlotTable()
+    try:
+        ring.begin()
+        batch = {
+            "nd": mx.nd.arange(6).reshape((2, 3)),
+            "np": np.arange(4, dtype=np.int16),
+            "words": ["a", "b"],
+            "obj": np.array(["x", "y"], dtype=object),
+            "n": 3,
+        }
+        out, message = _ship(ring, table, batch)
+        assert isinstance(out["nd"], mx.nd.NDArray)
+        assert out["nd"].asnumpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert isinstance(out["np"], np.ndarray) and out["np"].dtype == np.int16
+        assert out["words"] == ["a", "b"] and out["obj"].tolist() == ["x", "y"]
+        assert out["n"] == 3
+        assert b"\x00\x01\x00\x02" not in message  # the int16 bytes did not travel pickled
+    finally:
+        ring.close()
+        table.close()
+
+
+def test_slot_returns_only_after_every_array_of_the_batch_is_gone():
+    ring, table = SlotRing(), SlotTable()
+    try:
+        ring.begin()
+        arrays = [np.ones(10000, np.float32), np.zeros(10, np.int64)]
+        out, _ = _ship(ring, table, arrays, {id(a): a for a in arrays})
+        del arrays
+        data, label = out
+        del out
+        data2 = data * 2  # an MXNet op that reads the slot
+        del data
+        gc.collect()
+        mx.nd.waitall()
+        assert table.take_releases(0) == [], "label still uses the slot"
+        del label
+        gc.collect()
+        assert table.take_releases(0) == [0]
+        assert float(data2.sum().asscalar()) == 20000.0
+    finally:
+        ring.close()
+        table.close()
+
+
+def test_array_ref_pickles_small():
+    ref = ArrayRef(128, (64, 3, 224, 224), "|u1", True)
+    again = pickle.loads(pickle.dumps(ref))
+    assert (again.offset, again.shape, again.dtype, again.as_nd) == (
+        128,
+        (64, 3, 224, 224),
+        "|u1",
+        True,
+    )
+    assert len(pickle.dumps(ref)) < 120
