@@ -241,12 +241,14 @@ class PooledEpoch:
 
     def _wait(self, seq: int) -> Result:
         buffer = self._buffer
+        # Like Gluon, the timeout runs from when the consumer starts waiting for the batch.
+        started = time.monotonic()
         while not buffer.ready():
             if self._error is not None:
                 raise self._error
-            sent_at, indices = self._sent.get(seq, (time.monotonic(), None))
+            _, indices = self._sent.get(seq, (None, None))
             if self._timeout is not None:
-                elapsed = time.monotonic() - sent_at
+                elapsed = time.monotonic() - started
                 if elapsed > self._timeout:
                     self._hub.broken = self._timeout_error(seq, indices, elapsed)
                     raise self._hub.broken
