@@ -30,6 +30,13 @@ bench: $(STAMP)
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m benchmarks.run
 
+# The docs site: mkdocs with the Material theme and mkdocstrings, built into site/.
+# --strict turns every warning (a broken link, a page missing from the nav, a docstring
+# mkdocstrings cannot parse) into a failure.
+docs: $(STAMP)
+	$(PIP) install -c constraints.txt -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 format: $(STAMP)
 	$(BIN)/ruff format $(SRC)
 	$(BIN)/ruff check --fix $(SRC)

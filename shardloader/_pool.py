@@ -153,6 +153,11 @@ class ProcessPool:
     # -- lifecycle
     def _spawn(self, worker_id: int) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        # A forked worker inherits the main process's ends of its siblings' pipes; it
+        # closes them so that only the main process holds them.
+        siblings = [w.conn.fileno() for w in self._workers.values()]
+        if self._ctx.get_start_method() != "fork":
+            siblings = []
         process = self._ctx.Process(
             target=process_worker_main,
             args=(
@@ -166,6 +171,7 @@ class ProcessPool:
                 self._entropy,
                 self._worker_init_fn,
                 os.getpid(),
+                siblings,
             ),
             name=f"shardloader-worker-{worker_id}",
             daemon=True,
@@ -225,12 +231,18 @@ class ProcessPool:
     def poll(self, timeout: float) -> Tuple[List[Result], List[WorkerLost]]:
         """Wait up to ``timeout`` seconds for results or worker deaths."""
         with self._lock:
+            results: List[Result] = []
+            # Fast path: replies already waiting cost one poll() each, no selector.
+            for w in list(self._workers.values()):
+                if w.conn.poll(0) and self._receive(w, results):
+                    continue
+            if results:
+                return results, []
             by_fd = {}
             for w in self._workers.values():
                 by_fd[w.conn] = w
                 by_fd[w.process.sentinel] = w
             ready = connection.wait(list(by_fd), timeout) if by_fd else []
-            results: List[Result] = []
             lost: List[WorkerLost] = []
             dead = []
             for obj in ready:

@@ -138,6 +138,7 @@ def process_worker_main(
     entropy: int,
     worker_init_fn: Optional[Callable],
     parent_pid: int,
+    inherited_fds: Sequence[int] = (),
 ) -> None:
     """Entry point of a worker process. Messages are pickled tuples:
 
@@ -149,6 +150,11 @@ def process_worker_main(
     # Ctrl-C belongs to the main process, which shuts the workers down itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
+    for fd in inherited_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     from ._shm import SlotRing
 
     _info.value = WorkerInfo(worker_id, num_workers, seed, dataset)

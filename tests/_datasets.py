@@ -80,8 +80,10 @@ class RandomAugDataset(RangeDataset):
     """Each sample draws from random, numpy and MXNet RNGs (an 'augmentation')."""
 
     def __getitem__(self, i):
-        return np.array([i, random.random(), np.random.rand(),
-                         mx.nd.random.uniform().asscalar()], dtype=np.float64)
+        return np.array(
+            [i, random.random(), np.random.rand(), mx.nd.random.uniform().asscalar()],
+            dtype=np.float64,
+        )
 
 
 class ImageDataset:
@@ -108,3 +110,72 @@ class VarLenDataset:
 
     def __getitem__(self, i):
         return np.arange(1 + i % 7, dtype=np.int32) + i, i
+
+
+class WorkerInfoDataset(RangeDataset):
+    """Sample i reports what ``get_worker_info()`` says where it is loaded:
+    ``[i, id, num_workers, seed (-1 for None), info.dataset is self, len(info.dataset)]``,
+    or ``[i, -1, 0, -1, 0, 0]`` when it returns None."""
+
+    def __getitem__(self, i):
+        from shardloader import get_worker_info
+
+        info = get_worker_info()
+        if info is None:
+            return np.array([i, -1, 0, -1, 0, 0], dtype=np.int64)
+        seed = -1 if info.seed is None else info.seed
+        row = [i, info.id, info.num_workers, seed, info.dataset is self, len(info.dataset)]
+        return np.array(row, dtype=np.int64)
+
+
+class RecordingInit:
+    """A ``worker_init_fn`` that writes one JSON file per call: its argument, what
+    ``get_worker_info()`` says, and its first draws from ``numpy.random`` and ``random``."""
+
+    def __init__(self, directory) -> None:
+        self.directory = str(directory)
+
+    def __call__(self, worker_id: int) -> None:
+        import json
+        import threading
+
+        from shardloader import get_worker_info
+
+        info = get_worker_info()
+        record = {
+            "worker_id": worker_id,
+            "info": None if info is None else [info.id, info.num_workers, info.seed],
+            "np": float(np.random.rand()),
+            "py": random.random(),
+        }
+        name = f"{os.getpid()}-{threading.get_ident()}-{worker_id}.json"
+        with open(os.path.join(self.directory, name), "w") as f:
+            json.dump(record, f)
+
+    @staticmethod
+    def read(directory):
+        import json
+
+        records = []
+        for name in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, name)) as f:
+                records.append(json.load(f))
+        return sorted(records, key=lambda r: r["worker_id"])
+
+
+class NoisyClassification:
+    """A fixed 2-class problem whose samples get noise from ``np.random`` (an augmentation):
+    sample i is (float32 features of width ``dim``, int32 label)."""
+
+    def __init__(self, n: int, dim: int = 6, seed: int = 0) -> None:
+        rng = np.random.RandomState(seed)
+        self.y = rng.randint(0, 2, size=n).astype(np.int32)
+        centres = rng.randn(2, dim)
+        self.x = (centres[self.y] + rng.randn(n, dim)).astype(np.float32)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        noise = 0.1 * np.random.randn(self.x.shape[1])
+        return (self.x[i] + noise).astype(np.float32), self.y[i]
