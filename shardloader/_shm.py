@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import math
 import mmap
 import os
 import threading
@@ -108,7 +109,7 @@ class _Slot:
 
     def view(self, offset: int, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         return self.buf[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def close(self) -> None:
@@ -165,7 +166,7 @@ class SlotRing:
     def allocate(self, shape, dtype) -> np.ndarray:
         """The allocator installed for batchify: carve from the current slot if it fits."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         slot = self.current
         if slot is not None and nbytes >= _ALIGN:
             offset = slot.carve(nbytes)
@@ -271,7 +272,7 @@ class _Pending:
 
 
 def _nbytes(arr) -> int:
-    return int(np.prod(arr.shape, dtype=np.int64)) * np.dtype(arr.dtype).itemsize
+    return math.prod(arr.shape) * np.dtype(arr.dtype).itemsize
 
 
 def _is_ndarray(obj) -> bool:
@@ -387,7 +388,7 @@ class SlotTable:
         def rebuild(leaf):
             if isinstance(leaf, ArrayRef):
                 dtype = np.dtype(leaf.dtype)
-                n = int(np.prod(leaf.shape, dtype=np.int64)) * dtype.itemsize
+                n = math.prod(leaf.shape) * dtype.itemsize
                 nbytes[0] += n
                 arr = base[leaf.offset : leaf.offset + n].view(dtype).reshape(leaf.shape)
                 return as_ndarray(arr) if leaf.as_nd else arr

@@ -8,6 +8,7 @@ of its wrapped sampler twice.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Dict, Iterator, List
 
 import numpy as np
@@ -65,17 +66,23 @@ class _Grouper(_WrapperMixin, Sampler):
         return self._groups(carry, start)
 
     def _groups(self, carry: List[Any], skip: int) -> Iterator[List[Any]]:
-        group = list(carry)
+        # Slices rather than a loop per item: this runs for every batch of every epoch.
         size = self._size
-        for item in self._sampler:
-            self._check_item(item)
-            group.append(item)
-            if len(group) == size:
-                if skip:
-                    skip -= 1
-                else:
-                    yield group
-                group = []
+        items = iter(self._sampler)
+        check = None if type(self)._check_item is _Grouper._check_item else self._check_item
+        group = list(carry)
+        while True:
+            group.extend(itertools.islice(items, size - len(group)))
+            if check is not None:
+                for item in group:
+                    check(item)
+            if len(group) < size:
+                break
+            if skip:
+                skip -= 1
+            else:
+                yield group
+            group = []
         if not group:
             return
         if self._policy == "rollover":
