@@ -114,7 +114,9 @@ def place_shards(step: Sequence[Any], ctxs: Sequence[mx.Context]) -> List[Any]:
     step : list or tuple
         One batch per shard, in shard order.
     ctxs : list of Context
-        One context per shard.
+        One context per shard. A step may have fewer shards than contexts (the last,
+        incomplete group of an epoch with ``last_batch='keep'``): shard ``i`` still goes to
+        ``ctxs[i]`` and the remaining contexts get nothing.
 
     Returns
     -------
@@ -126,7 +128,7 @@ def place_shards(step: Sequence[Any], ctxs: Sequence[mx.Context]) -> List[Any]:
     TypeError
         If ``step`` is not a list or tuple of per-shard batches.
     ValueError
-        If the number of shards differs from the number of contexts.
+        If the step has more shards than there are contexts.
 
     Examples
     --------
@@ -139,10 +141,10 @@ def place_shards(step: Sequence[Any], ctxs: Sequence[mx.Context]) -> List[Any]:
         raise TypeError(
             f"a sharded step must be a list with one batch per context, got {type(step).__name__}"
         )
-    if len(step) != len(ctxs):
+    if len(step) > len(ctxs):
         raise ValueError(
             f"the step has {len(step)} shards but {len(ctxs)} contexts were given "
-            f"({list(ctxs)}); each shard needs exactly one context"
+            f"({list(ctxs)}); each shard needs a context of its own"
         )
     return [place(shard, ctx) for shard, ctx in zip(step, ctxs)]
 

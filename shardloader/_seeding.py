@@ -41,13 +41,24 @@ def derive_seed(seed: int, epoch: int, index: int) -> int:
     return h & 0x7FFFFFFF
 
 
-def seed_all(value: int) -> None:
-    """Seed Python's ``random``, numpy's global RNG and MXNet's RNG with ``value``."""
-    import mxnet as mx
-
+def seed_python_and_numpy(value: int) -> None:
+    """Seed Python's ``random`` and numpy's global RNG (a few microseconds)."""
     random.seed(value)
     np.random.seed(value)
+
+
+def seed_mxnet(value: int) -> None:
+    """Seed MXNet's RNG. The call returns at once, but the engine then spends about a
+    millisecond reseeding its generators, which the next operator waits for."""
+    import mxnet as mx
+
     mx.random.seed(value)
+
+
+def seed_all(value: int) -> None:
+    """Seed Python's ``random``, numpy's global RNG and MXNet's RNG with ``value``."""
+    seed_python_and_numpy(value)
+    seed_mxnet(value)
 
 
 class GlobalRNGState:

@@ -335,7 +335,10 @@ def test_place_keeps_structure_and_passes_numpy_through():
 
 
 def test_place_shards_validates():
-    with pytest.raises(ValueError, match="1 shards but 2 contexts"):
-        _device.place_shards([mx.nd.ones((1,))], [mx.cpu(0), mx.cpu(1)])
+    with pytest.raises(ValueError, match="3 shards but 2 contexts"):
+        _device.place_shards([mx.nd.ones((1,))] * 3, [mx.cpu(0), mx.cpu(1)])
+    # An incomplete last step (fewer shards than contexts) fills the first contexts.
+    (only,) = _device.place_shards([mx.nd.ones((1,))], [mx.cpu(1), mx.cpu(0)])
+    assert only.context == mx.cpu(1)
     with pytest.raises(TypeError, match="list"):
         _device.place_shards(mx.nd.ones((1,)), [mx.cpu(0)])
