@@ -141,7 +141,7 @@ def place_shards(step: Sequence[Any], ctxs: Sequence[mx.Context]) -> List[Any]:
         raise TypeError(
             f"a sharded step must be a list with one batch per context, got {type(step).__name__}"
         )
-    if len(step) > len(ctxs):
+    if not step or len(step) > len(ctxs):
         raise ValueError(
             f"the step has {len(step)} shards but {len(ctxs)} contexts were given "
             f"({list(ctxs)}); each shard needs a context of its own"

@@ -19,7 +19,7 @@ from ._errors import ClosedIteratorError
 from ._iter import Hub, InlineEpoch, PooledEpoch, Stats
 from ._pool import ProcessPool, ThreadPool
 from ._seeding import GlobalRNGState
-from ._worker import BatchMaker
+from ._worker import BatchMaker, is_sharded
 from .sampler import (
     BatchSampler,
     PartitionSampler,
@@ -177,6 +177,7 @@ class ShardedDataLoader:
             batchify_fn = _batchify.default_batchify_fn
         self._batchify_fn = batchify_fn
         self._ctx = _placement(opts)
+        _check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler)
         self._stats = Stats()
         self._hub: Optional[Hub] = None
         self._closed = False
@@ -255,6 +256,8 @@ class ShardedDataLoader:
             bs.set_epoch(epoch)
         start_state = _sampler_state(bs)
         items = itertools.islice(enumerate(bs), skip, None)
+        if isinstance(self._ctx, list):
+            items = _require_steps(items, len(self._ctx))
         opts = self._opts
         if opts.num_workers == 0:
             source = InlineEpoch(items, self._inline_maker(epoch), self._stats)
@@ -458,6 +461,35 @@ def _placement(opts: _options.LoaderOptions):
 
         return mx.cpu_pinned(opts.pin_device_id)
     return None
+
+
+def _check_shards_fit(ctx, num_shards: int, batch_sampler) -> None:
+    """Several contexts need steps of at most that many shards, where that is known now."""
+    if not isinstance(ctx, list):
+        return
+    if num_shards > len(ctx):
+        raise ValueError(
+            f"num_shards={num_shards} but ctx has {len(ctx)} contexts ({ctx}); each shard "
+            "needs its own context"
+        )
+    if not num_shards and getattr(batch_sampler, "yields_steps", None) is False:
+        raise ValueError(
+            f"ctx lists {len(ctx)} contexts, one per shard, but the batches are not sharded; "
+            "pass num_shards=len(ctx), a batch_sampler that yields steps, or a single context"
+        )
+
+
+def _require_steps(items, num_ctx: int):
+    """Refuse a plain batch when ctx lists several contexts: placing it would split it field
+    by field (data on ctx[0], labels on ctx[1])."""
+    for seq, indices in items:
+        if not is_sharded(indices):
+            raise ValueError(
+                f"ctx lists {num_ctx} contexts, one per shard, but batch {seq} of the batch "
+                "sampler is a plain batch, not a step (a list of per-shard index lists); "
+                "pass num_shards=len(ctx) or a single context"
+            )
+        yield seq, indices
 
 
 def _sampler_state(sampler) -> Any:

@@ -1,0 +1,236 @@
+"""The ``shardloader`` command line: ``shardloader demo`` and ``shardloader bench``.
+
+Only ``argparse`` is imported here; each subcommand imports its module when it runs, so
+``--help`` stays quick. (Importing the ``shardloader`` package itself still loads MXNet.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_CACHE_DIR = ".shardloader-cache/demo"
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+
+
+def _worker_list(text: str) -> List[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated worker counts such as 0,1,2,4, got {text!r}"
+        ) from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated non-negative integers such as 0,1,2,4, got {text!r}"
+        )
+    return sorted(set(values))
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
+    return value
+
+
+def _add_demo(subparsers) -> None:
+    demo = subparsers.add_parser(
+        "demo",
+        help="train a small CNN on generated shapes with ShardedDataLoader",
+        description=(
+            "Generate a small image dataset of shapes (no download), pack it into RecordIO, "
+            "and train a small Gluon CNN data parallel on mx.cpu(0) and mx.cpu(1), stand-ins "
+            "for two GPUs. Worker processes decode and augment the images; every sample's "
+            "augmentation is seeded, so runs are reproducible for any --num-workers."
+        ),
+    )
+    demo.add_argument("--epochs", type=_positive_int, default=3, help="epochs (default 3)")
+    demo.add_argument(
+        "--num-workers", type=_non_negative_int, default=2, help="worker processes (default 2)"
+    )
+    demo.add_argument(
+        "--batch-size", type=_positive_int, default=64, help="samples per shard (default 64)"
+    )
+    demo.add_argument("--seed", type=int, default=0, help="seed of weights, order, augmentation")
+    demo.add_argument(
+        "--cache-dir",
+        default=DEFAULT_CACHE_DIR,
+        help=f"where the dataset and checkpoints go (default {DEFAULT_CACHE_DIR})",
+    )
+    demo.add_argument(
+        "--gluon",
+        action="store_true",
+        help="also train with mxnet.gluon.data.DataLoader and compare the times",
+    )
+    demo.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint in the cache directory, mid-epoch if need be",
+    )
+    demo.add_argument(
+        "--stop-after-batches",
+        type=_positive_int,
+        metavar="N",
+        help="simulate a crash: save a checkpoint after N training steps and exit",
+    )
+    # Small sizes for the tests; not part of the advertised interface.
+    demo.add_argument("--train-size", type=_positive_int, default=4000, help=argparse.SUPPRESS)
+    demo.add_argument("--test-size", type=_positive_int, default=800, help=argparse.SUPPRESS)
+    demo.set_defaults(handler=_run_demo, subparser=demo)
+
+
+def _add_bench(subparsers) -> None:
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmark your dataset against gluon.data.DataLoader",
+        description=(
+            "Measure ShardedDataLoader and mxnet.gluon.data.DataLoader side by side on your\n"
+            "dataset for each worker count: samples/s, data stall, first-batch latency and\n"
+            "peak RSS. Then recommend num_workers and prefetch."
+        ),
+        epilog=(
+            "examples:\n"
+            "  shardloader bench --dataset mypkg.data:make_dataset --batch-size 64\n"
+            "  shardloader bench --dataset ./data.py:build --workers 0,2,4 --plot bench.png\n"
+            "  shardloader bench --recordio train.rec --batch-size 128 --epochs 1"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = bench.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--dataset",
+        metavar="MODULE:FACTORY",
+        help="a callable returning a dataset: 'package.module:factory' or 'path/file.py:factory'",
+    )
+    source.add_argument("--recordio", metavar="FILE.rec", help="an indexed RecordIO image file")
+    bench.add_argument(
+        "--raw",
+        action="store_true",
+        help="with --recordio: read raw records (RecordDataset) instead of decoding images",
+    )
+    bench.add_argument(
+        "--batch-size", type=_positive_int, default=32, help="samples per batch (default 32)"
+    )
+    bench.add_argument(
+        "--workers",
+        type=_worker_list,
+        default=[0, 1, 2, 4],
+        metavar="LIST",
+        help="comma-separated num_workers values (default 0,1,2,4)",
+    )
+    length = bench.add_mutually_exclusive_group()
+    length.add_argument(
+        "--batches", type=_positive_int, metavar="N", help="batches per run (default 100)"
+    )
+    length.add_argument("--epochs", type=_positive_int, metavar="N", help="full epochs per run")
+    bench.add_argument("--thread-pool", action="store_true", help="use threads, not processes")
+    bench.add_argument("--shuffle", action="store_true", help="shuffle the samples")
+    bench.add_argument(
+        "--step-ms",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="MS",
+        help="sleep this long per batch, as a GPU training step would (default 0)",
+    )
+    bench.add_argument(
+        "--repeat",
+        type=_positive_int,
+        default=1,
+        metavar="R",
+        help="measure every configuration R times and report the median (default 1)",
+    )
+    bench.add_argument("--plot", metavar="OUT.png", help="save a plot (needs matplotlib)")
+    bench.set_defaults(handler=_run_bench, subparser=bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``shardloader`` argument parser, with its ``demo`` and ``bench`` subcommands."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="shardloader",
+        description="A Gluon-compatible, multi-worker, sharded DataLoader for Apache MXNet.",
+    )
+    parser.add_argument("--version", action="version", version=f"shardloader {__version__}")
+    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    _add_demo(subparsers)
+    _add_bench(subparsers)
+    return parser
+
+
+def _fail(parser: argparse.ArgumentParser, exc: Exception) -> int:
+    """Report a problem with the user's input in one line, as argparse does, without usage."""
+    print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.gluon and (args.resume or args.stop_after_batches):
+        parser.error(
+            "--gluon times whole runs; it cannot be combined with --resume or --stop-after-batches"
+        )
+    from . import demo
+    from .demo_state import CheckpointMismatch
+
+    try:
+        return demo.run(args)
+    except CheckpointMismatch as exc:
+        return _fail(parser, exc)
+
+
+def _run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.raw and not args.recordio:
+        parser.error("--raw goes with --recordio")
+    from . import bench
+
+    try:
+        return bench.run(args)
+    except bench.BenchError as exc:
+        return _fail(parser, exc)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit code: 0 on success, 2 for a usage error, 130 when interrupted.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args, args.subparser)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

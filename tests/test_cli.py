@@ -1,0 +1,239 @@
+"""The command line: ``shardloader demo`` and ``shardloader bench``, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardloader
+from shardloader import bench, bench_report, cli
+from shardloader.demo_data import CLASSES, generate_shapes, prepare
+from shardloader.recordio import ImageRecordDataset
+
+pytestmark = pytest.mark.timeout(180)
+
+TESTS = Path(__file__).resolve().parent
+FACTORY = str(TESTS / "bench_factory.py")
+# Small enough for a few seconds per run; the options are hidden from --help.
+TINY = ["--train-size", "400", "--test-size", "100"]
+ACCURACY = re.compile(r"held-out accuracy: [\d.]+% \((\d+)/(\d+);")
+
+
+def shardloader_cli(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess:
+    """Run ``python -m shardloader ARGS`` and return it, stdout and stderr as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardloader", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_clean(proc: subprocess.CompletedProcess) -> str:
+    """The run succeeded without a traceback or a warning; return stdout + stderr."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output, output
+    assert "warning" not in output.lower(), output
+    return output
+
+
+# ------------------------------------------------------------------------------ parser
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ([], ["demo", "bench", "--version"]),
+        (["demo"], ["--epochs", "--num-workers", "--batch-size", "--gluon", "--resume",
+                    "--stop-after-batches", "--cache-dir"]),
+        (["bench"], ["--dataset", "--recordio", "--raw", "--batch-size", "--workers",
+                     "--batches", "--epochs", "--thread-pool", "--step-ms", "--repeat", "--plot"]),
+    ],
+)  # fmt: skip
+def test_help_lists_every_option(tmp_path, command, expected):
+    proc = shardloader_cli(*command, "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: shardloader")
+    for option in expected:
+        assert option in proc.stdout
+    assert "--train-size" not in proc.stdout  # test-only options stay hidden
+
+
+def test_version(tmp_path):
+    proc = shardloader_cli("--version", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"shardloader {shardloader.__version__}"
+
+
+def test_help_does_not_import_the_subcommands(tmp_path):
+    code = (
+        "import sys\n"
+        "from shardloader.cli import main\n"
+        "try:\n"
+        "    main(['demo', '--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ['shardloader.demo', 'shardloader.bench', 'tqdm', 'matplotlib', 'psutil']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "--dataset", "no_such_module_xyz:make"], "cannot import module"),
+        (["bench", "--dataset", "no-colon-here"], "must look like"),
+        (["bench", "--dataset", f"{FACTORY}:missing"], "has no attribute 'missing'"),
+        (["bench", "--dataset", "json:dumps"], "called without arguments"),
+        (["bench", "--dataset", FACTORY + ":make", "--raw"], "--raw goes with --recordio"),
+        (["bench", "--dataset", FACTORY + ":make", "--workers", "1,x"], "comma-separated"),
+        (["demo", "--gluon", "--resume"], "cannot be combined"),
+    ],
+)
+def test_usage_errors_are_one_line(capsys, argv, message):
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_resolve_factory_accepts_a_module_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    factory = bench.resolve_factory("bench_factory:make")
+    assert len(factory()) == 160
+
+
+# ------------------------------------------------------------------------------ bench
+def test_bench_prints_a_table_and_a_recommendation(tmp_path):
+    plot = tmp_path / "bench.png"
+    proc = shardloader_cli(
+        "bench", "--dataset", f"{FACTORY}:make", "--workers", "0,1", "--batches", "5",
+        "--batch-size", "16", "--plot", str(plot), cwd=tmp_path,
+    )  # fmt: skip
+    output = assert_clean(proc)
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("workers"))
+    for column in ("loader", "samples/s", "data stall", "first batch", "peak RSS", "vs gluon"):
+        assert column in header
+    rows = [line.split() for line in lines if re.match(r"\s+\d+\s+(shardloader|gluon)\s", line)]
+    assert sorted((row[0], row[1]) for row in rows) == [
+        ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),
+    ]  # fmt: skip
+    assert "peak RSS by psutil" in output
+    assert re.search(r"^Recommendation: num_workers=[01]", proc.stdout, re.MULTILINE)
+    assert "within 5% of the best throughput" in proc.stdout
+    assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+def test_recommendation_rule():
+    def row(loader, workers, rate, stall=1.0):
+        return {
+            "loader": loader,
+            "workers": workers,
+            "samples_per_s": rate,
+            "stall": stall,
+            "batch_bytes": 64 << 20,
+        }
+
+    rows = [row("shardloader", 0, 100), row("shardloader", 2, 390), row("shardloader", 4, 400)]
+    rows.append(row("gluon", 4, 1000))  # only shardloader's rows count
+    workers, prefetch, why = bench_report.recommend(rows, step_ms=0)
+    assert workers == 2  # within 5% of the best (4 workers)
+    assert prefetch == 4  # 2 x workers; 4 batches of 64 MiB fit the 256 MiB budget
+    rows[1]["batch_bytes"] = 100 << 20
+    assert bench_report.recommend(rows, step_ms=0)[1] == 2  # capped by the memory budget
+    assert len(why) == 2
+
+
+# ------------------------------------------------------------------------------ demo data
+def test_shapes_are_deterministic_and_balanced():
+    images, labels = generate_shapes(60, seed=5)
+    again, labels_again = generate_shapes(60, seed=5)
+    other, _ = generate_shapes(60, seed=6)
+    assert images.shape == (60, 32, 32, 3) and images.dtype == np.uint8
+    assert np.array_equal(images, again) and np.array_equal(labels, labels_again)
+    assert not np.array_equal(images, other)
+    assert np.bincount(labels, minlength=len(CLASSES)).tolist() == [10] * len(CLASSES)
+
+
+def test_cache_is_built_once_and_rebuilt_when_stale(tmp_path):
+    cache = str(tmp_path / "cache")
+    first = prepare(cache, train_size=60, test_size=12, progress=False)
+    assert first.rebuilt
+    files = sorted(Path(cache).iterdir())
+    stamps = {f.name: f.stat().st_mtime_ns for f in files}
+
+    second = prepare(cache, train_size=60, test_size=12, progress=False)
+    assert not second.rebuilt and dict(second) == dict(first)
+    assert {f.name: f.stat().st_mtime_ns for f in sorted(Path(cache).iterdir())} == stamps
+
+    # The records hold exactly the generated pixels (PNG is lossless).
+    images, labels = generate_shapes(60)
+    image, label = ImageRecordDataset(first["train"])[7]
+    assert np.array_equal(image.asnumpy(), images[7]) and label == labels[7]
+
+    assert prepare(cache, train_size=30, test_size=12, progress=False).rebuilt  # other size
+    os.remove(os.path.join(cache, "test.idx"))
+    assert prepare(cache, train_size=30, test_size=12, progress=False).rebuilt  # a lost file
+
+
+# ------------------------------------------------------------------------------ demo runs
+def test_demo_runs_clean_with_the_default_cache_dir(tmp_path):
+    proc = shardloader_cli("demo", "--epochs", "1", *TINY, cwd=tmp_path)
+    assert_clean(proc)
+    assert ACCURACY.search(proc.stdout), proc.stdout
+    assert "data stall" in proc.stdout
+    assert (tmp_path / ".shardloader-cache" / "demo" / "train.rec").is_file()
+    assert (tmp_path / ".shardloader-cache" / "demo" / "checkpoint" / "state.json").is_file()
+
+
+def test_demo_compares_with_gluon(tmp_path):
+    proc = shardloader_cli("demo", "--epochs", "1", "--gluon", *TINY, cwd=tmp_path)
+    assert_clean(proc)
+    assert len(ACCURACY.findall(proc.stdout)) == 2
+    assert re.search(r"^gluon DataLoader\s+[\d.]+ s", proc.stdout, re.MULTILINE), proc.stdout
+
+
+def test_demo_resumes_mid_epoch_to_the_same_result(tmp_path):
+    options = ["demo", "--epochs", "2", "--num-workers", "1", *TINY]
+    full = shardloader_cli(*options, "--cache-dir", str(tmp_path / "full"), cwd=tmp_path)
+    assert_clean(full)
+
+    cache = ["--cache-dir", str(tmp_path / "crash")]
+    crashed = shardloader_cli(*options, *cache, "--stop-after-batches", "2", cwd=tmp_path)
+    assert_clean(crashed)
+    assert "--resume" in crashed.stdout
+    assert not ACCURACY.search(crashed.stdout)
+
+    resumed = shardloader_cli(*options, *cache, "--resume", cwd=tmp_path)
+    assert_clean(resumed)
+    assert "continuing from" in resumed.stdout and "epoch 1, step 2" in resumed.stdout
+    # Seeded order and augmentation, restored weights and optimizer: the same model.
+    assert ACCURACY.search(resumed.stdout).groups() == ACCURACY.search(full.stdout).groups()
+
+
+def test_resume_refuses_a_checkpoint_made_with_other_options(tmp_path, capsys):
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    config = {"seed": 99, "batch_size": 64, "train_size": 400, "test_size": 100}
+    state = {"version": 1, "config": {**config, "classes": list(CLASSES)}}
+    (checkpoint / "state.json").write_text(json.dumps(state))
+    code = cli.main(["demo", "--resume", "--cache-dir", str(tmp_path), *TINY])
+    assert code == 2
+    assert "made with other options (seed: 99 -> 0)" in capsys.readouterr().err
