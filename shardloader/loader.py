@@ -346,6 +346,12 @@ class ShardedDataLoader:
                     f"state is from an incompatible loader: {key} is "
                     f"{state.get(key)!r} in the state but {mine[key]!r} here"
                 )
+        load = getattr(self._batch_sampler, "load_state_dict", None)
+        if load is not None and state.get("sampler") is not None:
+            try:
+                load(state["sampler"])  # validates it now, not at the next iter()
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"state is from an incompatible loader: {exc}") from exc
         if self._prestarted is not None:
             self._prestarted.close()
             self._prestarted = None

@@ -179,3 +179,19 @@ class NoisyClassification:
     def __getitem__(self, i):
         noise = 0.1 * np.random.randn(self.x.shape[1])
         return (self.x[i] + noise).astype(np.float32), self.y[i]
+
+
+class RandomAugExitOnce(RandomAugDataset):
+    """RandomAugDataset whose worker process dies (``os._exit``) the first time it loads
+    index ``bad``; ``once_file`` remembers that it happened."""
+
+    def __init__(self, n: int, bad: int, once_file: str) -> None:
+        super().__init__(n)
+        self.bad, self.once_file = bad, once_file
+        self.parent = os.getpid()
+
+    def __getitem__(self, i):
+        if i == self.bad and os.getpid() != self.parent and not os.path.exists(self.once_file):
+            open(self.once_file, "w").close()
+            os._exit(7)
+        return super().__getitem__(i)
