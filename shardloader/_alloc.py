@@ -1,7 +1,7 @@
 """Where batchify functions get their output buffers, and what they return.
 
-Batchify functions never know about shared memory. They ask :func:`empty` for an output
-buffer and hand the filled numpy array to :func:`to_output`. By default that allocates with
+Batchify functions never know about shared memory. They ask ``empty`` for an output
+buffer and hand the filled numpy array to ``to_output``. By default that allocates with
 ``np.empty`` and returns an ``NDArray`` (the Gluon contract). Inside a worker process the
 transport installs an allocator that carves buffers out of a reusable shared-memory slot and
 asks for raw numpy results, so a batch is stacked straight into the memory the main process
@@ -103,7 +103,7 @@ def allocating(
 ) -> Iterator[None]:
     """Install ``alloc`` (and raw numpy results) for the current thread.
 
-    With ``promoted``, every array passed to :func:`to_output` is recorded there by ``id``,
+    With ``promoted``, every array passed to ``to_output`` is recorded there by ``id``,
     so the transport can tell batch arrays (NDArrays for the user) from numpy arrays a
     batchify function passed through unchanged.
     """

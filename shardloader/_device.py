@@ -1,7 +1,7 @@
 """Device placement: copy the NDArrays of a batch, or of each shard of a step, to a context.
 
-These helpers start no threads and never wait unless asked to (:func:`wait_to_read`). The
-prefetch stage (:mod:`shardloader.prefetch`) calls them on its background thread, so a copy
+These helpers start no threads and never wait unless asked to (``wait_to_read``). The
+prefetch stage (``shardloader.prefetch``) calls them on its background thread, so a copy
 overlaps with training; the loader calls them for ``pin_memory`` with
 ``mx.cpu_pinned(pin_device_id)``.
 
@@ -74,7 +74,7 @@ def place(batch: Any, ctx: mx.Context) -> Any:
 
     Lists, tuples, namedtuples and dicts are rebuilt with the same type and keys. An NDArray
     already on ``ctx`` is returned without a copy. The copies are asynchronous, as
-    ``as_in_context`` is; call :func:`wait_to_read` on the result to wait for them.
+    ``as_in_context`` is; call ``wait_to_read`` on the result to wait for them.
 
     Examples
     --------

@@ -1,9 +1,9 @@
 """Exceptions raised by shardloader, and the record that carries a worker's error home.
 
-Errors cross process boundaries as data (:class:`RemoteError`), never as live exception
+Errors cross process boundaries as data (``RemoteError``), never as live exception
 objects: a worker's exception may hold unpicklable state, and its traceback object cannot
 be pickled at all. The main process rebuilds the original exception type when it can, so
-``except KeyError`` in a training loop keeps working, and falls back to :class:`WorkerError`
+``except KeyError`` in a training loop keeps working, and falls back to ``WorkerError``
 when it cannot.
 """
 
@@ -116,8 +116,8 @@ def short_indices(indices: Optional[Sequence], limit: int = 16) -> str:
 class RemoteError:
     """A picklable record of an exception raised in a worker.
 
-    Built in the worker with :meth:`capture`, sent home, and turned back into an exception
-    with :meth:`rebuild` in the process that consumes the batch.
+    Built in the worker with ``capture``, sent home, and turned back into an exception
+    with ``rebuild`` in the process that consumes the batch.
     """
 
     __slots__ = (

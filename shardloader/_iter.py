@@ -2,7 +2,7 @@
 
 Invariants (DESIGN.md), each enforced here and nowhere else:
 
-1. Batches come out in sampler order: results go through a :class:`ReorderBuffer` keyed by
+1. Batches come out in sampler order: results go through a ``ReorderBuffer`` keyed by
    sequence number.
 2. At most ``max(prefetch, 1)`` batches are in flight (dispatched, not yet handed to the
    consumer); the 1 is the batch the consumer is waiting for when ``prefetch=0``.
@@ -32,6 +32,8 @@ _POLL_INTERVAL_S = 0.25
 # Batches cheaper than this (worker time) are sent several to a task, so the per-message
 # cost of waking a worker and reading its reply is shared between them.
 _TINY_BATCH_S = 0.0005
+# How often on_worker_death='restart' re-sends one batch whose worker died.
+_MAX_RESTARTS_PER_BATCH = 2
 # Weight of the newest batch in the running mean of worker time per batch.
 _EMA_WEIGHT = 0.1
 
@@ -39,7 +41,7 @@ _generations = itertools.count()
 
 
 class Stats:
-    """Counters the loader keeps for :meth:`ShardedDataLoader.stats`. Updating them costs
+    """Counters the loader keeps for ``ShardedDataLoader.stats``. Updating them costs
     a few attribute writes per batch."""
 
     def __init__(self) -> None:
@@ -50,13 +52,15 @@ class Stats:
         self.bytes = 0
         self.wait_s = 0.0
         self.first_batch_s: Optional[float] = None
-        self.started = time.perf_counter()
+        # Set when the consumer first asks for a batch, so start-up counts as waiting.
+        self.started: Optional[float] = None
         self.worker_busy_s: Dict[int, float] = {}
         self.max_reorder_depth = 0
         self.reorder_depth = 0
 
     def snapshot(self) -> Dict[str, Any]:
-        wall = max(time.perf_counter() - self.started, 1e-9)
+        started = self.started if self.started is not None else time.perf_counter()
+        wall = max(time.perf_counter() - started, 1e-9)
         return {
             "batches": self.batches,
             "bytes": self.bytes,
@@ -85,6 +89,7 @@ class Hub:
         self.routes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.broken: Optional[BaseException] = None  # why the pool must be rebuilt
         self.mean_busy_s: Optional[float] = None
+        self._losses: Dict[Tuple[int, int], int] = {}  # (gen, seq) -> times its worker died
 
     def chunk(self, limit: int) -> int:
         """Batches per task: 1, or a worker's share of ``limit`` when batches are tiny."""
@@ -112,29 +117,40 @@ class Hub:
             self._handle_death(death)
 
     def _handle_death(self, death: WorkerLost) -> None:
-        if self.on_worker_death == "restart" and not self.pool.closed:
+        lost = [(t.gen, s, i) for t in death.tasks for s, i in t.batches]
+        for gen, seq, _ in lost:
+            self._losses[(gen, seq)] = self._losses.get((gen, seq), 0) + 1
+        retry = all(self._losses[(g, s)] <= _MAX_RESTARTS_PER_BATCH for g, s, _ in lost)
+        if self.on_worker_death == "restart" and retry and not self.pool.closed:
             self.pool.restart(death.worker_id)
             for task in death.tasks:
                 if task.gen in self.routes:
                     self.pool.submit(task)
             return
         how = describe_exitcode(death.exitcode)
-        lost = [(s, i) for t in death.tasks for s, i in t.batches]
-        what = ", ".join(f"batch {s} (indices {short_indices(i)})" for s, i in lost[:4])
+        what = ", ".join(f"batch {s} (indices {short_indices(i)})" for _, s, i in lost[:4])
+        if retry:
+            advice = (
+                "The pool will be rebuilt for the next epoch; pass "
+                "on_worker_death='restart' to replace the worker and finish the epoch."
+            )
+        else:
+            advice = (
+                f"That batch killed a worker {_MAX_RESTARTS_PER_BATCH + 1} times, so it was "
+                f"not retried again: the fault is in loading it, not in the worker."
+            )
         message = (
             f"worker {death.worker_id} (pid {death.pid}) {how} while loading "
-            f"{what or 'no batch'}. The pool will be rebuilt for the next epoch; pass "
-            f"on_worker_death='restart' to replace the worker and finish the epoch. A "
-            f"SIGKILL often means the OOM killer: reduce num_workers, prefetch or "
-            f"batch_size."
+            f"{what or 'no batch'}. {advice} A SIGKILL often means the OOM killer: reduce "
+            f"num_workers, prefetch or batch_size."
         )
         error = WorkerDiedError(
             message,
             pid=death.pid,
             exitcode=death.exitcode,
             worker_id=death.worker_id,
-            seq=lost[0][0] if lost else None,
-            indices=lost[0][1] if lost else None,
+            seq=lost[0][1] if lost else None,
+            indices=lost[0][2] if lost else None,
         )
         self.broken = error
         for epoch in list(self.routes.values()):
@@ -142,7 +158,7 @@ class Hub:
 
 
 class PooledEpoch:
-    """Iterates one epoch's batches through a :class:`Hub`."""
+    """Iterates one epoch's batches through a ``Hub``."""
 
     def __init__(
         self,

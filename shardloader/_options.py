@@ -95,7 +95,7 @@ def validate(
     ctx,
     on_worker_death,
 ) -> LoaderOptions:
-    """Check every argument of :class:`~shardloader.ShardedDataLoader`."""
+    """Check every argument of ``shardloader.ShardedDataLoader``."""
     if batch_sampler is None:
         if batch_size is None:
             raise ValueError("batch_size must be specified unless batch_sampler is specified")

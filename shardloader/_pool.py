@@ -1,7 +1,7 @@
 """Worker pools: a process pool and a thread pool that share one protocol.
 
-Both pools take :class:`Task` objects and hand back :class:`Result` objects from
-:meth:`poll`. The iterator above them never learns which kind it drives.
+Both pools take ``Task`` objects and hand back ``Result`` objects from
+``poll``. The iterator above them never learns which kind it drives.
 
 Shutdown protocol (one ordered, idempotent ``close()``, also run by ``weakref.finalize``
 on garbage collection and at interpreter exit): set the stop flag; ask every worker to
@@ -28,7 +28,7 @@ from multiprocessing import connection, reduction
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._errors import RemoteError
-from ._worker import BatchMaker, WorkerInfo, _info, process_worker_main, seed_worker
+from ._worker import BatchMaker, WorkerInfo, _info, process_worker_main
 
 # Grace period for a worker to exit after being asked to.
 _JOIN_TIMEOUT_S = 2.0
@@ -393,15 +393,12 @@ class ThreadPool:
         **_ignored,
     ) -> None:
         self.num_workers = num_workers
-        lock = threading.Lock() if seed is not None else None
-        maker = BatchMaker(dataset, batchify_fn, seed, lock=lock)
+        maker = BatchMaker(dataset, batchify_fn, seed, shared_process=True)
         self._tasks: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._closed = False
         self._bytes = 0
-        if seed is not None:
-            seed_worker(0, seed, 0)
         self._threads = [
             threading.Thread(
                 target=_thread_main,

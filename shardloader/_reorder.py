@@ -29,7 +29,7 @@ class ReorderBuffer:
 
     @property
     def next_seq(self) -> int:
-        """The sequence number :meth:`pop` returns next."""
+        """The sequence number ``pop`` returns next."""
         return self._next
 
     def put(self, seq: int, item: Any) -> None:

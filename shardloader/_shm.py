@@ -4,7 +4,7 @@ Ownership protocol (invariant 4 of DESIGN.md: every segment has exactly one owne
 
 * A worker owns a small *ring* of slots. A slot is an anonymous ``memfd`` segment, mapped
   once and reused batch after batch, so its pages are faulted in once, not per batch.
-* The worker stacks a batch straight into a free slot (through :mod:`shardloader._alloc`)
+* The worker stacks a batch straight into a free slot (through ``shardloader._alloc``)
   and sends only metadata: the slot id, and per array its offset, shape and dtype. The first
   time a slot travels, its file descriptor follows the message (``SCM_RIGHTS``); the main
   process maps it and closes the descriptor, so no descriptor stays open on either side.
@@ -184,7 +184,7 @@ class SlotRing:
         """Turn a batch into ``(skeleton, slot_id, fds_to_send)``.
 
         Every array leaf travels in the slot, never as pickled bytes: leaves that batchify
-        already stacked into the current slot become :class:`ArrayRef` with no copy; other
+        already stacked into the current slot become ``ArrayRef`` with no copy; other
         numpy arrays and NDArrays are copied in once. If they don't fit, every array goes to
         one new slot large enough for all of them. Only object arrays (strings, ...) and
         non-array leaves are pickled.
@@ -341,7 +341,7 @@ class _MappedSlot:
 class SlotTable:
     """The main process's view of every worker's slots.
 
-    Thread-safe for :meth:`_released` (finalizers may run on MXNet engine threads);
+    Thread-safe for ``_released`` (finalizers may run on MXNet engine threads);
     everything else runs on the thread that consumes batches.
     """
 

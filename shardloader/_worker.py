@@ -1,6 +1,6 @@
 """What a worker does: load samples, batchify, and (in a process) ship the batch home.
 
-Private: the only public name is :func:`get_worker_info`. The process entry point is a
+Private: the only public name is ``get_worker_info``. The process entry point is a
 module-level function so it pickles under ``spawn``; it imports only what it needs.
 """
 
@@ -20,7 +20,13 @@ import numpy as np
 
 from . import _alloc
 from ._errors import RemoteError
-from ._seeding import derive_seed, seed_all, seed_mxnet, seed_python_and_numpy
+from ._seeding import (
+    GlobalRNGState,
+    derive_seed,
+    seed_all,
+    seed_mxnet,
+    seed_python_and_numpy,
+)
 
 # How often an idle worker process checks that its parent is still alive.
 _PARENT_CHECK_INTERVAL_S = 0.5
@@ -31,7 +37,7 @@ _MXNET_SEED_DOMAIN = 0x5EED_4D58
 
 
 class WorkerInfo(NamedTuple):
-    """What :func:`get_worker_info` returns inside a worker."""
+    """What ``get_worker_info`` returns inside a worker."""
 
     id: int
     num_workers: int
@@ -43,7 +49,7 @@ _info = threading.local()
 
 
 def get_worker_info() -> Optional[WorkerInfo]:
-    """Inside a worker (process or thread), its :class:`WorkerInfo`; elsewhere ``None``.
+    """Inside a worker (process or thread), its ``WorkerInfo``; elsewhere ``None``.
 
     >>> get_worker_info() is None
     True
@@ -74,7 +80,9 @@ class BatchMaker:
     """Loads the samples of one batch (or one sharded step) and batchifies them.
 
     Shared by inline loading, thread workers and process workers, so all three seed and
-    validate identically (invariant 6).
+    validate identically (invariant 6). ``shared_process=True`` (inline and thread
+    workers) means the global RNGs belong to the user's training thread too: seeded loading
+    then takes a lock and gives ``random`` and ``numpy.random`` their states back afterwards.
     """
 
     def __init__(
@@ -82,15 +90,16 @@ class BatchMaker:
         dataset: Any,
         batchify_fn: Callable,
         seed: Optional[int],
-        lock: Optional[threading.Lock] = None,
+        shared_process: bool = False,
     ) -> None:
         self.dataset = dataset
         self.batchify_fn = batchify_fn
         self.seed = seed
         self.length = len(dataset)
-        # Seeding touches global RNGs; seeded thread workers take turns, batch by batch, so
-        # that the draws stay exactly those of a process worker.
-        self._lock = lock if lock is not None else contextlib.nullcontext()
+        self._shared = shared_process
+        # Seeded thread workers take turns, batch by batch, so that the draws stay exactly
+        # those of a process worker.
+        self._lock = threading.Lock() if shared_process else contextlib.nullcontext()
 
     def samples(self, indices: Sequence, epoch: int) -> List[Any]:
         length, dataset = self.length, self.dataset
@@ -98,7 +107,7 @@ class BatchMaker:
             _check_index(i, pos, length)
         if self.seed is None:
             return [dataset[i] for i in indices]
-        with self._lock:
+        with self._lock, GlobalRNGState() if self._shared else contextlib.nullcontext():
             # MXNet's RNG once per batch: reseeding it costs about a millisecond of engine
             # work. random and numpy.random, which cost microseconds, once per sample.
             seed_mxnet(derive_seed(self.seed ^ _MXNET_SEED_DOMAIN, epoch, int(indices[0])))

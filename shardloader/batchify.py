@@ -1,13 +1,13 @@
 """Batchify functions: turn a list of samples into one batch.
 
 A batchify function is a small callable that receives the samples of one batch, in sampler
-order, and returns the batch. :func:`default_batchify_fn` reproduces Gluon 1.9.1's default;
-:class:`Stack`, :class:`Pad`, :class:`Tuple`, :class:`List`, :class:`Dict` and
-:class:`NamedTuple` reproduce gluon-nlp's ``gluonnlp.data.batchify``.
+order, and returns the batch. ``default_batchify_fn`` reproduces Gluon 1.9.1's default;
+``Stack``, ``Pad``, ``Tuple``, ``List``, ``Dict`` and
+``NamedTuple`` reproduce gluon-nlp's ``gluonnlp.data.batchify``.
 
 None of them knows about shared memory or devices. Every output array is a buffer from
-:func:`shardloader._alloc.empty`, filled in place and handed back through
-:func:`shardloader._alloc.to_output`. By default that is an ``mx.nd.NDArray`` wrapping the
+``shardloader._alloc.empty``, filled in place and handed back through
+``shardloader._alloc.to_output``. By default that is an ``mx.nd.NDArray`` wrapping the
 buffer on ``cpu(0)``; inside a worker process the transport makes the buffer a piece of shared
 memory and keeps the result a numpy array, so a batch is written once, where the main process
 will read it.
@@ -388,7 +388,7 @@ class Stack:
         At call time, if the samples' shapes differ (the message names the first offending
         sample), or if the batch is empty.
     TypeError
-        At call time, if the samples are not numbers (use :class:`List` for those).
+        At call time, if the samples are not numbers (use ``List`` for those).
 
     Examples
     --------
@@ -774,7 +774,7 @@ def _dtype_repr(dtype: typing.Optional[np.dtype]) -> str:
 def is_native(fn: typing.Any) -> bool:
     """Whether ``fn`` is built only from this module's functions and classes.
 
-    Then every array it returns comes from :func:`shardloader._alloc.to_output`, so a worker
+    Then every array it returns comes from ``shardloader._alloc.to_output``, so a worker
     process may let it stack straight into shared memory. Any user function in the tree
     makes the answer ``False`` (its output is still shipped correctly, with one copy).
 

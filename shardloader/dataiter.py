@@ -1,11 +1,11 @@
 """The ``mx.io.DataIter`` world: ``Module.fit`` over a loader, and a prefetching iterator.
 
-:class:`LoaderDataIter` turns any re-iterable of batches (a shardloader loader, a Gluon
+``LoaderDataIter`` turns any re-iterable of batches (a shardloader loader, a Gluon
 ``DataLoader``, a list of batches) into a ``DataIter`` with ``provide_data``/``provide_label``,
 fixed-size padded batches and a ``reset()`` that works at any point.
 
-:class:`PrefetchingIter` is a drop-in for ``mx.io.PrefetchingIter`` that cannot hang: it runs
-the wrapped iterators on one :class:`~shardloader.prefetch.PrefetchIterator` thread, so an
+``PrefetchingIter`` is a drop-in for ``mx.io.PrefetchingIter`` that cannot hang: it runs
+the wrapped iterators on one ``shardloader.prefetch.PrefetchIterator`` thread, so an
 error in any of them reaches the consumer with its traceback, ``reset()`` stops the thread
 before it touches the iterators, and ``close()``, a ``with`` block or garbage collection stop
 the thread.

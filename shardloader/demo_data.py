@@ -1,10 +1,10 @@
 """The demo's dataset: procedurally drawn shapes, packed into RecordIO and cached.
 
-Nothing is downloaded. :func:`generate_shapes` draws the images from a fixed seed, so every
-machine gets the same pixels, and :func:`prepare` packs them with
-:func:`shardloader.recordio.pack_images` into a cache directory that later runs reuse. A small
+Nothing is downloaded. ``generate_shapes`` draws the images from a fixed seed, so every
+machine gets the same pixels, and ``prepare`` packs them with
+``shardloader.recordio.pack_images`` into a cache directory that later runs reuse. A small
 ``manifest.json``, written last, records what the cache holds; a missing file, a changed size
-or a different format version makes :func:`prepare` rebuild it.
+or a different format version makes ``prepare`` rebuild it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def generate_shapes(
 ) -> Tuple[np.ndarray, np.ndarray]:
     """Draw ``count`` labelled images of coloured shapes on noisy backgrounds.
 
-    Each image shows one shape of :data:`CLASSES` with a random position, size and colour,
+    Each image shows one shape of ``CLASSES`` with a random position, size and colour,
     over a random dark background with Gaussian pixel noise. Classes are balanced and in
     random order. The result depends only on the arguments.
 

@@ -14,12 +14,12 @@ the same number of ``trainer.step`` calls per epoch, or the job waits forever on
 ones, so the parts must have equal numbers of batches.
 
 Start the workers with ``python -m shardloader.launch`` on one machine (see
-:mod:`shardloader.launch`), or with MXNet's ``tools/launch.py`` on several.
+``shardloader.launch``), or with MXNet's ``tools/launch.py`` on several.
 
 A worker that leaves with an exception, or ``sys.exit(n)``, after creating a ``dist`` store does
 not exit: the store's destructor waits in a barrier for the other workers, which in turn wait
 for its gradients. Neither the launcher nor anyone else sees the failure until a timeout. Run the
-training under :func:`fail_fast` so that such a worker exits at once with its error.
+training under ``fail_fast`` so that such a worker exits at once with its error.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def parts_from_kvstore(kv: Union[str, Any, None]) -> Tuple[int, int]:
     ----------
     kv : mxnet.kvstore.KVStore, str or None
         A kvstore, or a type string such as ``'dist_sync'``, ``'dist_async'``, ``'device'`` or
-        ``'local'``, which is created with :func:`mxnet.kv.create`. A store created from a
+        ``'local'``, which is created with ``mxnet.kv.create``. A store created from a
         string is created once per process and kept alive, and the same type string gives it
         back on later calls. ``None`` means no kvstore: ``(1, 0)``.
 

@@ -35,7 +35,7 @@ Supervision and shutdown, one protocol for every way a run ends:
    it runs, so an impatient second Ctrl-C cannot cut it short. A process that left its group
    (``setsid``) is outside this protocol.
 
-The command line exits with the launcher's :attr:`LaunchResult.returncode`: 0, the first failing
+The command line exits with the launcher's ``LaunchResult.returncode``: 0, the first failing
 worker's exit code (``128 + signal`` for a worker killed by a signal), a failing scheduler's or
 server's, 124 after ``--timeout``, ``128 + signal`` when the launcher is interrupted, 127 when
 a command cannot be started.
@@ -107,7 +107,7 @@ class NodeProcess:
     pid : int
         Process id, which is also the id of the process group the launcher kills.
     returncode : int or None
-        As :attr:`subprocess.Popen.returncode`: negative for a signal; None while running.
+        As ``subprocess.Popen.returncode``: negative for a signal; None while running.
     stopped : bool
         True when the launcher terminated the process during teardown.
     """
@@ -130,7 +130,7 @@ class NodeProcess:
 
 @dataclass
 class LaunchResult:
-    """What :func:`launch_local` observed.
+    """What ``launch_local`` observed.
 
     Attributes
     ----------
@@ -196,7 +196,7 @@ def launch_local(
     ----------
     cmd : str or sequence of str
         The worker command, such as ``['python', 'train.py']``. A string is split with
-        :func:`shlex.split`; it does not go through a shell.
+        ``shlex.split``; it does not go through a shell.
     num_workers : int
         Number of workers (``DMLC_NUM_WORKER``), at least 1.
     num_servers : int, optional

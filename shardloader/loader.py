@@ -18,7 +18,6 @@ from . import batchify as _batchify
 from ._errors import ClosedIteratorError
 from ._iter import Hub, InlineEpoch, PooledEpoch, Stats
 from ._pool import ProcessPool, ThreadPool
-from ._seeding import GlobalRNGState
 from ._worker import BatchMaker, is_sharded
 from .sampler import (
     BatchSampler,
@@ -61,33 +60,37 @@ class ShardedDataLoader:
         ``last_batch``.
     batchify_fn : callable
         Merges a list of samples into a batch. Defaults to
-        :func:`shardloader.batchify.default_batchify_fn`, Gluon's default.
+        ``shardloader.batchify.default_batchify_fn``, Gluon's default.
     num_workers : int, default 0
         Worker processes (or threads, with ``thread_pool``). 0 loads in the calling thread.
     pin_memory : bool, default False
         Return batches in ``mx.cpu_pinned(pin_device_id)``, copied on a background thread.
     pin_device_id : int, default 0
         The device id of the pinned memory.
-    prefetch : int, default ``2 * num_workers``
-        Batches in flight ahead of the consumer. 0 is valid.
+    prefetch : int, optional
+        Batches in flight ahead of the consumer; defaults to 2 * num_workers. 0 is valid
+        (one batch is still loaded when the consumer asks for it).
     thread_pool : bool, default False
         Use threads instead of processes.
     timeout : float or None, default 120
-        Seconds a batch may take before :class:`~shardloader.LoaderTimeoutError`.
+        Seconds a batch may take before ``shardloader.LoaderTimeoutError``.
     auto_reload : bool, default False
         Start loading the next epoch as soon as the current one ends (and at construction).
     try_nopython : None
         MXNet 2.x's C++ pipeline; ``True`` raises ``ValueError`` (not in MXNet 1.9.1).
     seed : int, optional
-        Makes the batch order a pure function of ``(seed, epoch)`` and seeds ``random``,
-        ``numpy.random`` and MXNet's RNG from ``(seed, epoch, sample index)`` before every
-        sample is loaded, so random augmentation is reproducible for any ``num_workers``.
+        Makes the batch order a pure function of ``(seed, epoch)``. Before every sample is
+        loaded, ``random`` and ``numpy.random`` are seeded from ``(seed, epoch, sample
+        index)``, and MXNet's RNG once per batch from ``(seed, epoch, batch)`` (reseeding
+        MXNet costs about a millisecond), so random augmentation is reproducible for any
+        ``num_workers`` and pool type.
     num_shards : int, default 0
         Group every ``num_shards`` batches into one step (a list of batches, one per shard).
-    num_parts, part_index : int, default 1, 0
-        Read only part ``part_index`` of ``num_parts`` disjoint parts of every epoch (one
-        part per machine in distributed training: ``num_parts=kv.num_workers``,
-        ``part_index=kv.rank``).
+    num_parts : int, default 1
+        Split every epoch into this many disjoint parts (one per machine in distributed
+        training: ``num_parts=kv.num_workers``).
+    part_index : int, default 0
+        The part this loader reads (``part_index=kv.rank``).
     even_size : bool, default False
         Give every part the same number of samples (see ``PartitionSampler``).
     worker_init_fn : callable, optional
@@ -98,7 +101,7 @@ class ShardedDataLoader:
         Place each batch on ``ctx``, or shard ``i`` of each step on ``ctx[i]``, on a
         background thread, so the step the user receives is already on its devices.
     on_worker_death : {'raise', 'restart'}, default 'raise'
-        When a worker process dies: raise :class:`~shardloader.WorkerDiedError`, or start a
+        When a worker process dies: raise ``shardloader.WorkerDiedError``, or start a
         new worker, re-send its lost batches and finish the epoch with nothing lost.
 
     Examples
@@ -276,15 +279,8 @@ class ShardedDataLoader:
         return it
 
     def _inline_maker(self, epoch: int) -> Callable[[Sequence], Any]:
-        maker = BatchMaker(self._dataset, self._batchify_fn, self._opts.seed)
-        if self._opts.seed is None:
-            return lambda indices: maker.make(indices, epoch)
-
-        def make(indices):
-            with GlobalRNGState():  # per-sample seeding must not disturb the user's RNGs
-                return maker.make(indices, epoch)
-
-        return make
+        maker = BatchMaker(self._dataset, self._batchify_fn, self._opts.seed, shared_process=True)
+        return lambda indices: maker.make(indices, epoch)
 
     def __iter__(self) -> Iterator[Any]:
         it, self._prestarted = self._prestarted, None
@@ -416,6 +412,8 @@ class _EpochIterator:
 
     def __next__(self) -> Any:
         start = time.perf_counter()
+        if self._stats.started is None:
+            self._stats.started = start
         try:
             batch = next(self._source)
         except StopIteration:

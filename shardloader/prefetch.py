@@ -1,9 +1,9 @@
-"""Prefetch any iterable on a background thread: :class:`Prefetcher` and :class:`DevicePrefetcher`.
+"""Prefetch any iterable on a background thread: ``Prefetcher`` and ``DevicePrefetcher``.
 
-``prefetch(iterable)`` returns a :class:`PrefetchIterator` that owns exactly one daemon thread.
+``prefetch(iterable)`` returns a ``PrefetchIterator`` that owns exactly one daemon thread.
 The thread starts pulling from the source at once (warm start), so the first items are ready
 by the time the training loop asks for them. Stages compose, because a
-:class:`PrefetchIterator` is itself an iterable with ``close()``::
+``PrefetchIterator`` is itself an iterable with ``close()``::
 
     raw -> Prefetcher -> DevicePrefetcher -> consumer
 
@@ -24,7 +24,7 @@ Ending
 Never blocking forever
     Every wait on the queue or on a slot lasts at most ``_POLL_INTERVAL_S`` and then re-checks
     the stop event (thread side) or whether the thread is still alive (consumer side). A
-    thread that died without a sentinel becomes a :class:`~shardloader._errors.WorkerError`.
+    thread that died without a sentinel becomes a ``shardloader._errors.WorkerError``.
 Shutdown
     ``close()``, the end of the data, and garbage collection all run ``_shutdown`` through one
     ``weakref.finalize``, so it runs at most once: set the stop event, wake the thread, drop
@@ -33,7 +33,7 @@ Shutdown
     semaphore and the source, never the iterator object, so an iterator that is dropped
     without ``close()`` is collected and its thread stops. Joins are skipped while the
     interpreter is finalizing. After ``close()``, ``next()`` raises
-    :class:`~shardloader._errors.ClosedIteratorError`.
+    ``shardloader._errors.ClosedIteratorError``.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def _shutdown(
 class PrefetchIterator:
     """An iterator over ``iterable`` whose items are pulled ahead on one background thread.
 
-    Made by :meth:`Prefetcher.prefetch` and :meth:`DevicePrefetcher.prefetch`. The thread
+    Made by ``Prefetcher.prefetch`` and ``DevicePrefetcher.prefetch``. The thread
     starts in the constructor. The iterator owns the source: the thread closes it (if it has
     ``close()``) when it stops.
 
@@ -288,7 +288,7 @@ class PrefetchIterator:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
+        """Whether ``close`` was called."""
         return self._closed
 
     @property

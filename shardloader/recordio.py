@@ -1,7 +1,7 @@
 """RecordIO datasets that are safe to read from forked, spawned and threaded workers.
 
-:class:`RecordDataset` returns raw records and :class:`ImageRecordDataset` decodes image
-records in whichever process reads them. :func:`pack_images` and :func:`pack_records` write
+``RecordDataset`` returns raw records and ``ImageRecordDataset`` decodes image
+records in whichever process reads them. ``pack_images`` and ``pack_records`` write
 ``.rec``/``.idx`` pairs.
 
 Per-process handles
@@ -25,7 +25,7 @@ What MXNet does not check, and this module does
     So the ``.idx`` positions are checked against the ``.rec`` size at construction, a handle
     that failed is discarded, and every record is checked to end exactly where the next
     indexed record starts (or the file ends), or else to be followed by another record header.
-    Errors about file contents are :class:`RecordIOError` (a ``ValueError``) naming the file,
+    Errors about file contents are ``RecordIOError`` (a ``ValueError``) naming the file,
     the record index, its key and its byte offset. A missing file is ``FileNotFoundError``.
     RecordIO stores no checksum: a damaged byte inside a raw payload cannot be detected, but an
     image that no longer decodes (PNG checks a CRC per chunk) is reported.
@@ -384,7 +384,7 @@ def _header_label(header: Any) -> Union[np.float32, np.ndarray]:
 
 
 class ImageRecordDataset(RecordDataset):
-    """Images and labels from an indexed RecordIO file written by :func:`pack_images`,
+    """Images and labels from an indexed RecordIO file written by ``pack_images``,
     ``im2rec`` or ``mx.recordio.pack_img``, decoded in the process that reads them.
 
     Each sample is ``(image, label)``:
@@ -412,7 +412,7 @@ class ImageRecordDataset(RecordDataset):
     ------
     RecordIOError
         When a record is damaged, has no valid ``IRHeader``, or is not a decodable image.
-        See :class:`RecordDataset` for the file checks.
+        See ``RecordDataset`` for the file checks.
 
     Examples
     --------
@@ -640,10 +640,10 @@ def pack_images(
     progress: bool = False,
 ) -> Tuple[str, str]:
     """Encode images with their labels into an indexed RecordIO pair that
-    :class:`ImageRecordDataset` (and Gluon's, and ``ImageRecordIter``) reads.
+    ``ImageRecordDataset`` (and Gluon's, and ``ImageRecordIter``) reads.
 
     Record ``i`` holds ``IRHeader(flag, labels[i], id=i, id2=0)`` followed by the encoded
-    image, the layout of ``mx.recordio.pack_img``. Like :func:`pack_records`, it never leaves
+    image, the layout of ``mx.recordio.pack_img``. Like ``pack_records``, it never leaves
     a half-written pair behind.
 
     Parameters

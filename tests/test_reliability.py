@@ -126,6 +126,18 @@ def test_restart_policy_finishes_the_epoch_without_loss(how, tmp_path):
         assert labels(loader) == list(range(60))
 
 
+def test_restart_policy_gives_up_on_a_batch_that_always_kills_its_worker():
+    ds = ExitingDataset(40, bad=9, how="kill")  # dies every time, not once
+    with ShardedDataLoader(
+        ds, batch_size=4, num_workers=2, on_worker_death="restart", timeout=None
+    ) as loader:
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match="not retried again") as info:
+            list(loader)
+        assert time.monotonic() - start < 15
+        assert info.value.seq == 2 and list(info.value.indices) == [8, 9, 10, 11]
+
+
 # -------------------------------------------------------------------------- timeouts
 
 

@@ -6,10 +6,10 @@ Every shardloader sampler keeps two numbers besides its configuration:
   ``__iter__`` takes it and advances it by one, so a loop that never calls ``set_epoch`` still
   gets a fresh order on every pass, as with Gluon's ``RandomSampler``.
 - ``offset``, the number of items to skip at the start of the next pass. It is 0 except right
-  after :meth:`Sampler.load_state_dict` restored a state taken in the middle of a pass.
+  after ``Sampler.load_state_dict`` restored a state taken in the middle of a pass.
 
 A pass is a pure function of the configuration, the ``seed``, the epoch and whatever a
-subclass carries between epochs (the rollover leftovers). :meth:`Sampler.state_dict` records
+subclass carries between epochs (the rollover leftovers). ``Sampler.state_dict`` records
 exactly those, so a freshly built sampler that loads the state replays the rest of the pass
 item for item.
 """
@@ -93,7 +93,7 @@ def plain(value: Any) -> Any:
 
 
 def plain_dict(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A copy of ``state`` with every value made JSON-ready by :func:`plain`."""
+    """A copy of ``state`` with every value made JSON-ready by ``plain``."""
     return {key: plain_dict(v) if isinstance(v, dict) else plain(v) for key, v in state.items()}
 
 
@@ -182,7 +182,7 @@ class Sampler(_GluonSampler):
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass use ``epoch``.
 
-        A position restored by :meth:`load_state_dict` survives only if ``epoch`` is the
+        A position restored by ``load_state_dict`` survives only if ``epoch`` is the
         epoch that state was taken in.
         """
         epoch = check_int("epoch", epoch)
@@ -202,7 +202,7 @@ class Sampler(_GluonSampler):
         return {}
 
     def _load_replay_state(self, state: Dict[str, Any]) -> None:
-        """Restore what :meth:`_replay_state` recorded; ``state`` has been checked."""
+        """Restore what ``_replay_state`` recorded; ``state`` has been checked."""
 
     def state_dict(self) -> Dict[str, Any]:
         """A small, JSON-serialisable snapshot from which the iteration can be resumed.
@@ -223,7 +223,7 @@ class Sampler(_GluonSampler):
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore a snapshot taken by :meth:`state_dict` on an identically built sampler.
+        """Restore a snapshot taken by ``state_dict`` on an identically built sampler.
 
         Raises
         ------

@@ -177,8 +177,8 @@ class ShardGroupSampler(_Grouper):
     Parameters
     ----------
     batch_sampler : Sampler
-        Yields batches (lists of indices), such as :class:`BatchSampler` or a
-        :class:`FixedBucketSampler` with ``num_shards=0``.
+        Yields batches (lists of indices), such as ``BatchSampler`` or a
+        ``FixedBucketSampler`` with ``num_shards=0``.
     num_shards : int
         Batches per step, usually the number of devices.
     last_group : {'keep', 'discard', 'rollover'}, default 'keep'

@@ -304,11 +304,11 @@ class FixedBucketSampler(_SeededMixin, Sampler):
 
     @property
     def bucket_batch_sizes(self) -> List[int]:
-        """The batch size of each bucket, in the order of :attr:`bucket_keys`."""
+        """The batch size of each bucket, in the order of ``bucket_keys``."""
         return list(self._batch_sizes)
 
     def bucket_of(self) -> np.ndarray:
-        """The position in :attr:`bucket_keys` of each sample's bucket."""
+        """The position in ``bucket_keys`` of each sample's bucket."""
         found = np.empty(len(self._lengths), dtype=np.int64)
         for b, m in enumerate(self._members):
             found[m] = b

@@ -1,4 +1,4 @@
-"""Bucket schemes: how :class:`FixedBucketSampler` picks its bucket keys from the lengths.
+"""Bucket schemes: how ``FixedBucketSampler`` picks its bucket keys from the lengths.
 
 A scheme maps ``(max_lengths, min_lengths, num_buckets)`` to ``num_buckets`` keys. For tuple
 lengths (several sequences per sample) it is applied to each position on its own and the
@@ -27,7 +27,7 @@ def _is_scalar(value: Any) -> bool:
 
 
 class BucketScheme(abc.ABC):
-    """Base class of the bucket schemes; subclasses define :meth:`keys_1d`.
+    """Base class of the bucket schemes; subclasses define ``keys_1d``.
 
     Examples
     --------

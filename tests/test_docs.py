@@ -1,0 +1,283 @@
+"""The docs are tested: every ```python block in docs/*.md and README.md runs, and the site
+builds with ``mkdocs build --strict`` when mkdocs is installed.
+
+Each page runs in its own subprocess, in a temporary working directory, with its blocks
+executed in order in one namespace (a block may use what an earlier block on the same page
+defined). A page that hangs is killed, with everything it started, after
+``_PAGE_TIMEOUT_S``, so a hanging example fails its test instead of hanging the suite.
+
+A block that must not run here (it needs a GPU, several machines or a cluster) is preceded
+by an HTML comment, ``<!-- skip-test -->``, best with the reason in it::
+
+    <!-- skip-test: needs two GPUs -->
+    ```python
+    ...
+    ```
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import List, NamedTuple, Optional
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+# Longest a single page may run; the slowest page takes a few seconds.
+_PAGE_TIMEOUT_S = 120.0
+# Longest the site build may take.
+_BUILD_TIMEOUT_S = 240.0
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
+_SKIP = re.compile(r"^\s*<!--\s*skip-test\b(?P<reason>.*?)-->\s*$")
+
+# Blocks on pages other people own that cannot run here and carry no skip marker yet:
+# (page, a line that identifies the block) -> why. The marker on the page is the right place
+# for this; an entry goes as soon as its page marks the block itself (the consistency test
+# below fails if an entry no longer matches a block, so stale ones do not linger).
+_UNMARKED_SKIPS = {
+    ("docs/distributed.md", "num_parts=kv.num_workers, part_index=kv.rank)"): (
+        "a fragment: `dataset` and `kv` come from the training script that follows"
+    ),
+    ("docs/distributed.md", 'result = launch_local(["python", "train.py"]'): (
+        "starts a ps-lite cluster that runs train.py"
+    ),
+    ("docs/distributed.md", "import horovod.mxnet as hvd"): "needs Horovod and horovodrun",
+}
+
+
+class Block(NamedTuple):
+    line: int  # 1-based line of the first code line in the page
+    code: str
+    skip: Optional[str]  # why it does not run, or None
+
+
+def _pages() -> List[Path]:
+    pages = sorted(DOCS.rglob("*.md"))
+    readme = ROOT / "README.md"
+    if readme.exists():
+        pages.append(readme)
+    return pages
+
+
+def _rel(page: Path) -> str:
+    try:
+        return page.relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(page)
+
+
+def python_blocks(page: Path) -> List[Block]:
+    """The ```python blocks of a Markdown page, dedented, with their skip reasons."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks: List[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        indent, fence = opening["indent"], opening["fence"]
+        language = opening["info"].strip().split(" ")[0].lower()
+        body = []
+        j = i + 1
+        while j < len(lines):
+            closing = _FENCE.match(lines[j])
+            if (
+                closing
+                and closing["fence"][0] == fence[0]
+                and len(closing["fence"]) >= len(fence)
+                and not closing["info"].strip()
+            ):
+                break
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
+            j += 1
+        if language in ("python", "py"):
+            code = textwrap.dedent("\n".join(body))
+            blocks.append(Block(i + 2, code, _skip_reason(page, lines, i, code)))
+        i = j + 1
+    return blocks
+
+
+def _skip_reason(page: Path, lines: List[str], fence_line: int, code: str) -> Optional[str]:
+    k = fence_line - 1
+    while k >= 0 and not lines[k].strip():
+        k -= 1
+    if k >= 0:
+        marker = _SKIP.match(lines[k])
+        if marker:
+            return marker["reason"].strip(" :-") or "marked skip-test"
+    for (where, needle), why in _UNMARKED_SKIPS.items():
+        if where == _rel(page) and needle in code:
+            return why
+    return None
+
+
+# Runs in the page's subprocess: reads the blocks as JSON on stdin and executes them in one
+# module namespace, so functions and classes the page defines can be pickled by reference.
+# Line numbers in tracebacks are the page's own.
+_RUNNER = r"""
+import json, sys, traceback, types
+blocks = json.load(sys.stdin)
+module = types.ModuleType("docs_page")
+module.__file__ = "docs_page.py"
+sys.modules["docs_page"] = module
+for block in blocks:
+    code = "\n" * (block["line"] - 1) + block["code"]
+    try:
+        exec(compile(code, block["page"], "exec"), module.__dict__)
+    except BaseException:
+        traceback.print_exc()
+        print(f"\n>>> the block at {block['page']}:{block['line']} failed", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def _run_page(page: Path, blocks: List[Block], cwd: Path) -> subprocess.CompletedProcess:
+    payload = json.dumps(
+        [{"page": _rel(page), "line": b.line, "code": b.code} for b in blocks if b.skip is None]
+    )
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", NO_MKDOCS_2_WARNING="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUNNER],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: a timeout kills its workers too
+    )
+    try:
+        out, err = proc.communicate(payload, timeout=_PAGE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(
+            f"{_rel(page)} did not finish within {_PAGE_TIMEOUT_S:.0f} s\n"
+            f"--- stdout ---\n{out[-4000:]}\n--- stderr ---\n{err[-4000:]}"
+        )
+    _kill_group(proc.pid)  # anything the page started and left behind
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@pytest.mark.parametrize("page", _pages(), ids=_rel)
+def test_code_blocks_run(page: Path, tmp_path: Path) -> None:
+    blocks = python_blocks(page)
+    runnable = [b for b in blocks if b.skip is None]
+    if not runnable:
+        return
+    result = _run_page(page, blocks, tmp_path)
+    assert result.returncode == 0, (
+        f"a python block in {_rel(page)} failed\n"
+        f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
+    )
+
+
+def test_skip_markers_sit_right_before_python_blocks() -> None:
+    problems = []
+    for page in _pages():
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            if not _SKIP.match(line):
+                continue
+            k = n + 1
+            while k < len(lines) and not lines[k].strip():
+                k += 1
+            fence = _FENCE.match(lines[k]) if k < len(lines) else None
+            if not fence or fence["info"].strip().split(" ")[0].lower() not in ("python", "py"):
+                problems.append(f"{_rel(page)}:{n + 1}: skip-test is not before a python block")
+    for (where, needle), _why in _UNMARKED_SKIPS.items():
+        path = ROOT / where
+        if not path.exists() or not any(needle in b.code for b in python_blocks(path)):
+            problems.append(f"_UNMARKED_SKIPS entry for {where} matches no block: {needle!r}")
+    assert not problems, "\n".join(problems)
+
+
+def test_block_extraction(tmp_path: Path) -> None:
+    page_text = textwrap.dedent(
+        """\
+        Intro.
+
+        ```python
+        x = 1
+        ```
+
+        <!-- skip-test: needs a GPU -->
+        ```python
+        import this_does_not_exist
+        ```
+
+        - A list item with a block:
+
+            ```python
+            y = x + 1
+            ```
+
+        ```console
+        $ echo not python
+        ```
+        """
+    )
+    path = tmp_path / "page.md"
+    path.write_text(page_text, encoding="utf-8")
+    blocks = python_blocks(path)
+    assert [(b.line, b.code, b.skip) for b in blocks] == [
+        (4, "x = 1", None),
+        (9, "import this_does_not_exist", "needs a GPU"),
+        (15, "y = x + 1", None),
+    ]
+
+
+_DOCS_PACKAGES = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
+
+
+def _missing_docs_packages() -> List[str]:
+    missing = []
+    for name in _DOCS_PACKAGES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def test_mkdocs_build_strict(tmp_path: Path) -> None:
+    missing = _missing_docs_packages()
+    if missing:
+        pytest.skip(
+            f"the docs toolchain is not installed ({', '.join(missing)} missing): `make test` "
+            "installs only the test extra; `make docs` installs the docs extra and runs "
+            "`mkdocs build --strict`, which is the docs check"
+        )
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=ROOT,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=_BUILD_TIMEOUT_S,
+    )
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-8000:]}"
+    assert (tmp_path / "index.html").exists()
