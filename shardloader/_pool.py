@@ -28,7 +28,13 @@ from multiprocessing import connection, reduction
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._errors import RemoteError
-from ._worker import BatchMaker, WorkerInfo, _info, process_worker_main
+from ._worker import (
+    BatchMaker,
+    WorkerInfo,
+    _info,
+    process_worker_main,
+    seed_thread_worker,
+)
 
 # Grace period for a worker to exit after being asked to.
 _JOIN_TIMEOUT_S = 2.0
@@ -151,7 +157,7 @@ class ProcessPool:
             self._spawn(worker_id)
 
     # -- lifecycle
-    def _spawn(self, worker_id: int) -> None:
+    def _spawn(self, worker_id: int, entropy: Optional[int] = None) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         # A forked worker inherits the main process's ends of its siblings' pipes; it
         # closes them so that only the main process holds them.
@@ -168,7 +174,7 @@ class ProcessPool:
                 self._batchify_fn,
                 self._raw,
                 self._seed,
-                self._entropy,
+                self._entropy if entropy is None else entropy,
                 self._worker_init_fn,
                 os.getpid(),
                 siblings,
@@ -197,7 +203,9 @@ class ProcessPool:
             if old is not None:
                 self._table.forget_worker(old.key)
                 _reap(old)
-            self._spawn(worker_id)
+            # Fresh entropy: without a seed, the new worker must not replay the draws of the
+            # one it replaces (with a seed, seeding before each sample decides them anyway).
+            self._spawn(worker_id, entropy=int.from_bytes(os.urandom(7), "little"))
 
     @property
     def closed(self) -> bool:
@@ -340,6 +348,7 @@ def _thread_main(
     stop: threading.Event,
 ) -> None:
     _info.value = WorkerInfo(worker_id, num_workers, seed, maker.dataset)
+    seed_thread_worker(worker_id, seed, entropy)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
     while not stop.is_set():
@@ -399,6 +408,7 @@ class ThreadPool:
         self._stop = threading.Event()
         self._closed = False
         self._bytes = 0
+        entropy = int.from_bytes(os.urandom(7), "little")
         self._threads = [
             threading.Thread(
                 target=_thread_main,
@@ -407,7 +417,7 @@ class ThreadPool:
                     num_workers,
                     maker,
                     seed,
-                    0,
+                    entropy,
                     worker_init_fn,
                     self._tasks,
                     self._results,

@@ -110,7 +110,7 @@ class BatchMaker:
         with self._lock, GlobalRNGState() if self._shared else contextlib.nullcontext():
             # MXNet's RNG once per batch: reseeding it costs about a millisecond of engine
             # work. random and numpy.random, which cost microseconds, once per sample.
-            seed_mxnet(derive_seed(self.seed ^ _MXNET_SEED_DOMAIN, epoch, int(indices[0])))
+            seed_mxnet(derive_seed(self.seed ^ _MXNET_SEED_DOMAIN, epoch, _fold(indices)))
             out = []
             for i in indices:
                 seed_python_and_numpy(derive_seed(self.seed, epoch, int(i)))
@@ -121,6 +121,23 @@ class BatchMaker:
         if is_sharded(indices):
             return [self.batchify_fn(self.samples(shard, epoch)) for shard in indices]
         return self.batchify_fn(self.samples(indices, epoch))
+
+
+def _fold(indices: Sequence) -> int:
+    """One 31-bit value from all the indices of a batch, in order: two batches that merely
+    start alike (a rollover carry, a repeated index) must not share MXNet's draws."""
+    h = len(indices)
+    for i in indices:
+        h = derive_seed(h, 0, int(i))
+    return h
+
+
+def seed_thread_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:
+    """Give a worker thread its own MXNet stream: MXNet 1.9.1's RNG is per thread, and every
+    new thread starts from the same state. ``random`` and ``numpy.random`` belong to the
+    whole process (the caller too) and are left alone."""
+    base = seed if seed is not None else entropy
+    seed_mxnet(derive_seed(base, _WORKER_SEED_EPOCH, worker_id))
 
 
 def seed_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:
