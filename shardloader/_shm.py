@@ -35,10 +35,10 @@ from ._alloc import as_ndarray
 
 _ALIGN = 64
 # Headroom over the last batch's size, so slightly larger batches reuse the slot.
-_HEADROOM = 1.25
+_HEADROOM = 1.0625
 _MIN_SLOT_BYTES = 1 << 16
 # Free slots a worker keeps mapped for reuse; more are unmapped.
-_MAX_FREE_SLOTS = 4
+_MAX_FREE_SLOTS = 2
 
 
 def _align(n: int) -> int:
