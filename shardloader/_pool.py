@@ -107,18 +107,7 @@ def _shutdown_processes(workers: Dict[int, _ProcWorker], table) -> None:
     for w in procs:
         if not _finalizing():
             w.process.join(_TERMINATE_TIMEOUT_S)
-        if w.process.is_alive():
-            w.process.kill()
-            w.process.join(_TERMINATE_TIMEOUT_S)
-    for w in procs:
-        try:
-            w.conn.close()
-        except OSError:
-            pass
-        try:
-            w.process.close()
-        except ValueError:
-            pass
+        _reap(w)
     table.close()
 
 
@@ -320,6 +309,7 @@ class ProcessPool:
 
 
 def _reap(w: _ProcWorker) -> None:
+    """Kill ``w`` if it still runs, wait for it, and close its pipe and process handle."""
     if w.process.is_alive():
         w.process.kill()
         w.process.join(_TERMINATE_TIMEOUT_S)

@@ -63,7 +63,32 @@ def _same_dtype(a: Any, b: Any) -> bool:
     return np.dtype(a) == np.dtype(b)
 
 
-class LoaderDataIter(DataIter):
+class _CurrentBatch(DataIter):
+    """The ``DataIter`` accessors, answered from the batch the last ``next()`` returned."""
+
+    _current: DataBatch
+
+    def iter_next(self) -> bool:
+        try:
+            self.next()
+        except StopIteration:
+            return False
+        return True
+
+    def getdata(self) -> List[NDArray]:
+        return self._current.data
+
+    def getlabel(self) -> List[NDArray]:
+        return self._current.label
+
+    def getindex(self) -> Any:
+        return self._current.index
+
+    def getpad(self) -> int:
+        return self._current.pad
+
+
+class LoaderDataIter(_CurrentBatch):
     """An ``mx.io.DataIter`` over a re-iterable of batches, for ``Module.fit`` and friends.
 
     Each batch from ``loader`` is ``(data..., label...)`` as a list or tuple, a dict keyed by
@@ -295,25 +320,6 @@ class LoaderDataIter(DataIter):
         self._current = self._make_batch(raw)
         return self._current
 
-    def iter_next(self) -> bool:
-        try:
-            self.next()
-        except StopIteration:
-            return False
-        return True
-
-    def getdata(self) -> List[NDArray]:
-        return self._current.data
-
-    def getlabel(self) -> List[NDArray]:
-        return self._current.label
-
-    def getpad(self) -> int:
-        return self._current.pad
-
-    def getindex(self) -> np.ndarray:
-        return self._current.index
-
     def reset(self) -> None:
         """Start a new epoch; at any point, closing the current epoch's iterator if it can."""
         if self._closed:
@@ -488,7 +494,7 @@ def _combine(wrapped: List[_Wrapped], batches: List[DataBatch], step: int) -> Da
     )
 
 
-class PrefetchingIter(DataIter):
+class PrefetchingIter(_CurrentBatch):
     """Prefetch one or more ``DataIter`` s on a background thread, safely.
 
     A drop-in for ``mx.io.PrefetchingIter``: several iterators are read in lock step and
@@ -588,25 +594,6 @@ class PrefetchingIter(DataIter):
             raise ClosedIteratorError("trying to advance a closed PrefetchingIter")
         self._current = next(self._prefetched)
         return self._current
-
-    def iter_next(self) -> bool:
-        try:
-            self.next()
-        except StopIteration:
-            return False
-        return True
-
-    def getdata(self) -> List[NDArray]:
-        return self._current.data
-
-    def getlabel(self) -> List[NDArray]:
-        return self._current.label
-
-    def getindex(self) -> Any:
-        return self._current.index
-
-    def getpad(self) -> int:
-        return self._current.pad
 
     def reset(self) -> None:
         """Stop the thread, drop what it read, reset the wrapped iterators and restart.
