@@ -298,6 +298,18 @@ class ShardedDataLoader:
         if self._opts.auto_reload and self._prestarted is None and not self._closed:
             self._prestarted = self._start_epoch()
 
+    def refresh(self) -> None:
+        """Start loading the next epoch now (Gluon 1.9.1's name); ``iter()`` then uses it."""
+        if self._prestarted is None:
+            self._prestarted = self._start_epoch()
+
+    def clean(self) -> None:
+        """Drop an epoch started by ``refresh()`` or ``auto_reload`` (Gluon 1.9.1's name)."""
+        if self._prestarted is not None:
+            self._prestarted.close()
+            self._prestarted = None
+            self._next_epoch -= 1  # the dropped epoch was never handed out
+
     def __len__(self) -> int:
         return len(self._batch_sampler)
 

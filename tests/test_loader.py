@@ -191,6 +191,18 @@ def test_auto_reload_prestarts_the_next_epoch():
             assert loader._prestarted is not None
 
 
+def test_gluon_refresh_and_clean():
+    ds = RangeDataset(8)
+    with ShardedDataLoader(ds, batch_size=4, num_workers=1) as loader:
+        loader.refresh()  # loading starts now
+        assert loader._prestarted is not None
+        assert len(list(loader)) == 2
+        loader.refresh()
+        loader.clean()  # dropped: the next iter() starts that epoch afresh
+        assert loader._prestarted is None
+        assert [y.asnumpy().tolist() for _, y in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
 GLUON_ERRORS = [
     (dict(), ValueError, "batch_size must be specified"),
     (
