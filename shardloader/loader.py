@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from . import _options
 from . import batchify as _batchify
+from ._device import place
 from ._errors import ClosedIteratorError
 from ._iter import Hub, InlineEpoch, PooledEpoch, Stats
 from ._pool import ProcessPool, ThreadPool
@@ -64,7 +65,8 @@ class ShardedDataLoader:
     num_workers : int, default 0
         Worker processes (or threads, with ``thread_pool``). 0 loads in the calling thread.
     pin_memory : bool, default False
-        Return batches in ``mx.cpu_pinned(pin_device_id)``, copied on a background thread.
+        Return batches in ``mx.cpu_pinned(pin_device_id)``, copied as the loop receives them
+        (a plain memcpy for host memory; Gluon copies there too).
     pin_device_id : int, default 0
         The device id of the pinned memory.
     prefetch : int, optional
@@ -180,6 +182,7 @@ class ShardedDataLoader:
             batchify_fn = _batchify.default_batchify_fn
         self._batchify_fn = batchify_fn
         self._ctx = _placement(opts)
+        self._pin = _pin_context(opts)
         _check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler)
         self._stats = Stats()
         self._hub: Optional[Hub] = None
@@ -274,7 +277,7 @@ class ShardedDataLoader:
             source = DevicePrefetcher(self._ctx, buffer_size=max(1, opts.prefetch or 1)).prefetch(
                 source
             )
-        it = _EpochIterator(self, source, epoch, skip, start_state)
+        it = _EpochIterator(self, source, epoch, skip, start_state, self._pin)
         self._open.add(it)
         return it
 
@@ -409,9 +412,10 @@ class _EpochIterator:
     """What ``iter(loader)`` returns: counts batches for checkpoints and time for stats."""
 
     def __init__(
-        self, loader: ShardedDataLoader, source, epoch: int, consumed: int, start_state
+        self, loader: ShardedDataLoader, source, epoch: int, consumed: int, start_state, pin
     ) -> None:
         self._loader_ref = weakref.ref(loader)
+        self._pin = pin
         self._source = source
         self._stats = loader._stats
         self.epoch = epoch
@@ -431,6 +435,10 @@ class _EpochIterator:
         except StopIteration:
             self._finish()
             raise
+        if self._pin is not None:
+            # On this thread, like Gluon: a host copy is a plain memcpy here (see _device),
+            # cheaper than handing every batch across threads; a GPU copy is asynchronous.
+            batch = place(batch, self._pin)
         stats = self._stats
         waited = time.perf_counter() - start
         stats.wait_s += waited
@@ -472,6 +480,10 @@ def _placement(opts: _options.LoaderOptions):
         if isinstance(ctx, list) and len(ctx) == 1:
             return ctx[0]
         return ctx
+    return None
+
+
+def _pin_context(opts: _options.LoaderOptions):
     if opts.pin_memory:
         import mxnet as mx
 
