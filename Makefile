@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -qq
 STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 SRC    := $(wildcard shardloader tests benchmarks examples)
 
