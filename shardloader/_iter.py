@@ -224,6 +224,11 @@ class PooledEpoch:
             now = time.monotonic()
             for seq, indices in batches:
                 self._sent[seq] = (now, indices)
+            if self._in_flight() > self._limit:  # invariant 2, checked where it could break
+                raise RuntimeError(
+                    f"internal error: {self._in_flight()} batches in flight, "
+                    f"more than the bound {self._limit}"
+                )
             self._hub.pool.submit(Task(self._gen, self._epoch, batches))
 
     # -- iteration
@@ -346,11 +351,6 @@ class InlineEpoch:
         self._closed = True
 
 
-def numbered(batches: Iterator[Sequence], start: int = 0) -> Iterator[Tuple[int, Sequence]]:
-    """Pair each batch sampler item with its sequence number in the epoch."""
-    return enumerate(batches, start)
-
-
 def walk_nbytes(batch: Any) -> int:
     """Bytes of every array leaf in a batch (for stats)."""
     if isinstance(batch, (list, tuple)):
@@ -369,4 +369,4 @@ def walk_nbytes(batch: Any) -> int:
         return 0
 
 
-__all__: List[str] = ["Hub", "PooledEpoch", "InlineEpoch", "Stats", "numbered"]
+__all__: List[str] = ["Hub", "PooledEpoch", "InlineEpoch", "Stats"]

@@ -292,9 +292,6 @@ class ProcessPool:
         _reap(w)
         return WorkerLost(w.id, pid, exitcode, list(w.tasks.values()))
 
-    def alive_workers(self) -> int:
-        return len(self._workers)
-
     def materialize(self, result: Result) -> Any:
         skeleton, slot_id = result.payload
         return self._table.materialize(result.worker_key, slot_id, skeleton)
@@ -445,9 +442,6 @@ class ThreadPool:
         except queue.Empty:
             pass
         return out, []
-
-    def alive_workers(self) -> int:
-        return sum(t.is_alive() for t in self._threads)
 
     def restart(self, worker_id: int) -> None:  # threads do not die on their own
         raise RuntimeError("thread workers cannot be restarted")
