@@ -223,11 +223,24 @@ class ProcessPool:
                 )
             except (OSError, ValueError):
                 pass  # the worker is dead; poll() reports it with this task as lost
+            self._send_urgent_releases()
             return w.id
+
+    def _send_urgent_releases(self) -> None:
+        by_key = {w.key: w for w in self._workers.values()}
+        for key in self._table.urgent():
+            w = by_key.get(key)
+            released = self._table.take_releases(key) if w is not None else []
+            if released:
+                try:
+                    w.conn.send_bytes(pickle.dumps(("release", released)))
+                except (OSError, ValueError):
+                    pass  # dead: poll() will say so
 
     def poll(self, timeout: float) -> Tuple[List[Result], List[WorkerLost]]:
         """Wait up to ``timeout`` seconds for results or worker deaths."""
         with self._lock:
+            self._send_urgent_releases()
             results: List[Result] = []
             # Fast path: replies already waiting cost one poll() each, no selector.
             for w in list(self._workers.values()):

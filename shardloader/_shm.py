@@ -37,6 +37,9 @@ _ALIGN = 64
 # Headroom over the last batch's size, so slightly larger batches reuse the slot.
 _HEADROOM = 1.0625
 _MIN_SLOT_BYTES = 1 << 16
+# A released slot at least this large goes back to its worker at once, in a message of its
+# own, rather than with that worker's next task: it saves the worker mapping a new one.
+_EAGER_RELEASE_BYTES = 1 << 20
 # Free slots a worker keeps mapped for reuse; more are unmapped.
 _MAX_FREE_SLOTS = 2
 
@@ -167,6 +170,10 @@ class SlotRing:
         """The allocator installed for batchify: carve from the current slot if it fits."""
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        if self.current is None and nbytes >= _ALIGN:
+            # The first batch: no size to go by yet, so size the slot by its first buffer
+            # rather than stacking into the heap and copying (two batches' worth at once).
+            self.current = self._acquire(nbytes)
         slot = self.current
         if slot is not None and nbytes >= _ALIGN:
             offset = slot.carve(nbytes)
@@ -349,6 +356,7 @@ class SlotTable:
         self._slots: Dict[Tuple[int, int], _MappedSlot] = {}
         self._releases: Dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._dead: Set[int] = set()
+        self._urgent: Set[int] = set()
         # Guards _slots: release callbacks can run on MXNet's engine threads.
         self._lock = threading.RLock()
         self.bytes_delivered = 0
@@ -418,10 +426,19 @@ class SlotTable:
                 mapped.unmap()
             elif self._slots.get((worker_key, slot_id)) is mapped:
                 self._releases[worker_key].append(slot_id)
+                if mapped.capacity >= _EAGER_RELEASE_BYTES:
+                    self._urgent.add(worker_key)
             else:
                 mapped.unmap()  # the worker is gone or dropped it
 
+    def urgent(self) -> List[int]:
+        """Workers with a large released slot waiting to go back to them."""
+        with self._lock:
+            keys, self._urgent = list(self._urgent), set()
+        return keys
+
     def take_releases(self, worker_key: int) -> List[int]:
+        self._urgent.discard(worker_key)
         queue = self._releases.get(worker_key)
         out: List[int] = []
         while queue:

@@ -6,6 +6,7 @@ module-level function so it pickles under ``spawn``; it imports only what it nee
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
@@ -171,7 +172,8 @@ def process_worker_main(
 ) -> None:
     """Entry point of a worker process. Messages are pickled tuples:
 
-    * in:  ``("task", gen, epoch, [(seq, indices), ...], released_slot_ids)`` or ``None``
+    * in:  ``("task", gen, epoch, [(seq, indices), ...], released_slot_ids)``,
+      ``("release", released_slot_ids)`` or ``None`` (exit)
     * out: ``(results, new_slots, dropped_slot_ids)`` where each result is
       ``(gen, seq, ok, payload, busy_s)`` and each new slot ``(slot_id, capacity)`` is
       followed on the socket by its file descriptor.
@@ -202,16 +204,24 @@ def process_worker_main(
 
 
 def _serve(worker_id, conn, maker: BatchMaker, ring, raw: bool, parent_pid: int) -> None:
+    tasks: collections.deque = collections.deque()
     while True:
-        if not conn.poll(_PARENT_CHECK_INTERVAL_S):
+        if not tasks and not conn.poll(_PARENT_CHECK_INTERVAL_S):
             if os.getppid() != parent_pid:
                 return
             continue
-        msg = pickle.loads(conn.recv_bytes())
-        if msg is None:
-            return
-        _, gen, epoch, batches, released = msg
-        ring.release(released)
+        # Read everything that has arrived before starting a batch: slot releases apply at
+        # once (so the batch reuses a slot instead of mapping a new one), tasks queue up.
+        while conn.poll(0):
+            msg = pickle.loads(conn.recv_bytes())
+            if msg is None:
+                return
+            ring.release(msg[-1])
+            if msg[0] == "task":
+                tasks.append(msg[1:4])
+        if not tasks:
+            continue
+        gen, epoch, batches = tasks.popleft()
         results, new_slots = [], []
         for seq, indices in batches:
             results.append(
