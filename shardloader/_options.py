@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
 ON_WORKER_DEATH_CHOICES = ("raise", "restart")
+MXNET_SEED_CHOICES = ("batch", "sample")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class LoaderOptions:
     timeout: Optional[float]
     auto_reload: bool
     seed: Optional[int]
+    mxnet_seed: str
     num_shards: int
     num_parts: int
     part_index: int
@@ -86,6 +88,7 @@ def validate(
     auto_reload,
     try_nopython,
     seed,
+    mxnet_seed,
     num_shards,
     num_parts,
     part_index,
@@ -134,6 +137,7 @@ def validate(
         )
     if seed is not None:
         seed = _int("seed", seed, 0)
+    _choice("mxnet_seed", mxnet_seed, MXNET_SEED_CHOICES)
     num_shards = _int("num_shards", num_shards, 0)
     num_parts = _int("num_parts", num_parts, 1)
     part_index = _int("part_index", part_index, 0)
@@ -161,6 +165,7 @@ def validate(
         timeout=timeout,
         auto_reload=bool(auto_reload),
         seed=seed,
+        mxnet_seed=mxnet_seed,
         num_shards=num_shards,
         num_parts=num_parts,
         part_index=part_index,

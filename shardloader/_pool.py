@@ -126,9 +126,11 @@ class ProcessPool:
         seed: Optional[int],
         worker_init_fn: Optional[Callable],
         start_method: str,
+        mxnet_per_sample: bool = False,
     ) -> None:
         from ._shm import SlotTable
 
+        self._mxnet_per_sample = mxnet_per_sample
         self.num_workers = num_workers
         self._dataset = dataset
         self._batchify_fn = batchify_fn
@@ -167,6 +169,7 @@ class ProcessPool:
                 self._worker_init_fn,
                 os.getpid(),
                 siblings,
+                self._mxnet_per_sample,
             ),
             name=f"shardloader-worker-{worker_id}",
             daemon=True,
@@ -399,10 +402,13 @@ class ThreadPool:
         *,
         seed,
         worker_init_fn: Optional[Callable],
+        mxnet_per_sample: bool = False,
         **_ignored,
     ) -> None:
         self.num_workers = num_workers
-        maker = BatchMaker(dataset, batchify_fn, seed, shared_process=True)
+        maker = BatchMaker(
+            dataset, batchify_fn, seed, shared_process=True, mxnet_per_sample=mxnet_per_sample
+        )
         self._tasks: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._stop = threading.Event()

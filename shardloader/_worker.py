@@ -92,8 +92,10 @@ class BatchMaker:
         batchify_fn: Callable,
         seed: Optional[int],
         shared_process: bool = False,
+        mxnet_per_sample: bool = False,
     ) -> None:
         self.dataset = dataset
+        self._mxnet_per_sample = mxnet_per_sample
         self.batchify_fn = batchify_fn
         self.seed = seed
         self.length = len(dataset)
@@ -109,12 +111,18 @@ class BatchMaker:
         if self.seed is None:
             return [dataset[i] for i in indices]
         with self._lock, GlobalRNGState() if self._shared else contextlib.nullcontext():
-            # MXNet's RNG once per batch: reseeding it costs about a millisecond of engine
-            # work. random and numpy.random, which cost microseconds, once per sample.
-            seed_mxnet(derive_seed(self.seed ^ _MXNET_SEED_DOMAIN, epoch, _fold(indices)))
+            # By default MXNet's RNG once per batch: reseeding it costs about a millisecond
+            # of engine work. random and numpy.random, which cost microseconds, per sample.
+            per_sample = self._mxnet_per_sample
+            if not per_sample:
+                seed_mxnet(derive_seed(self.seed ^ _MXNET_SEED_DOMAIN, epoch, _fold(indices)))
             out = []
             for i in indices:
-                seed_python_and_numpy(derive_seed(self.seed, epoch, int(i)))
+                value = derive_seed(self.seed, epoch, int(i))
+                if per_sample:
+                    seed_all(value)
+                else:
+                    seed_python_and_numpy(value)
                 out.append(dataset[i])
             return out
 
@@ -169,6 +177,7 @@ def process_worker_main(
     worker_init_fn: Optional[Callable],
     parent_pid: int,
     inherited_fds: Sequence[int] = (),
+    mxnet_per_sample: bool = False,
 ) -> None:
     """Entry point of a worker process. Messages are pickled tuples:
 
@@ -192,7 +201,7 @@ def process_worker_main(
     seed_worker(worker_id, seed, entropy)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
-    maker = BatchMaker(dataset, batchify_fn, seed)
+    maker = BatchMaker(dataset, batchify_fn, seed, mxnet_per_sample=mxnet_per_sample)
     ring = SlotRing()
     try:
         _serve(worker_id, conn, maker, ring, raw, parent_pid)

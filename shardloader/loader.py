@@ -86,6 +86,9 @@ class ShardedDataLoader:
         index)``, and MXNet's RNG once per batch from ``(seed, epoch, batch)`` (reseeding
         MXNet costs about a millisecond), so random augmentation is reproducible for any
         ``num_workers`` and pool type.
+    mxnet_seed : {'batch', 'sample'}, default 'batch'
+        With ``seed``: reseed MXNet's RNG once per batch, or before every sample as well
+        (then a sample's MXNet draws do not depend on its batch, at about 1 ms per sample).
     num_shards : int, default 0
         Group every ``num_shards`` batches into one step (a list of batches, one per shard).
     num_parts : int, default 1
@@ -135,6 +138,7 @@ class ShardedDataLoader:
         try_nopython: Optional[bool] = None,
         *,
         seed: Optional[int] = None,
+        mxnet_seed: str = "batch",
         num_shards: int = 0,
         num_parts: int = 1,
         part_index: int = 0,
@@ -160,6 +164,7 @@ class ShardedDataLoader:
             auto_reload=auto_reload,
             try_nopython=try_nopython,
             seed=seed,
+            mxnet_seed=mxnet_seed,
             num_shards=num_shards,
             num_parts=num_parts,
             part_index=part_index,
@@ -241,6 +246,7 @@ class ShardedDataLoader:
             seed=opts.seed,
             worker_init_fn=opts.worker_init_fn,
             start_method=opts.start_method,
+            mxnet_per_sample=opts.mxnet_seed == "sample",
         )
         self._hub = Hub(pool, opts.on_worker_death, self._stats)
         return self._hub
@@ -282,7 +288,13 @@ class ShardedDataLoader:
         return it
 
     def _inline_maker(self, epoch: int) -> Callable[[Sequence], Any]:
-        maker = BatchMaker(self._dataset, self._batchify_fn, self._opts.seed, shared_process=True)
+        maker = BatchMaker(
+            self._dataset,
+            self._batchify_fn,
+            self._opts.seed,
+            shared_process=True,
+            mxnet_per_sample=self._opts.mxnet_seed == "sample",
+        )
         return lambda indices: maker.make(indices, epoch)
 
     def __iter__(self) -> Iterator[Any]:

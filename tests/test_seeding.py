@@ -222,6 +222,23 @@ def test_seeded_mxnet_draws_are_a_function_of_the_batch():
     assert len(set(draws)) == len(draws)
 
 
+@pytest.mark.parametrize("backend", ["inline", "thread2", "fork2"])
+def test_mxnet_seed_per_sample_makes_mxnet_draws_follow_the_sample(backend):
+    """mxnet_seed='sample' reseeds MXNet before every sample too, as issue 7 words it: a
+    sample's MXNet draws then do not depend on its batch, its position or the backend."""
+    kwargs = dict(n=20, epochs=1, seed=3, mxnet_seed="sample")
+    shuffled = _aug(BACKENDS[backend], batch_size=4, shuffle=True, **kwargs)[0]
+    regrouped = _aug(batch_size=3, shuffle=False, **kwargs)[0]
+    assert _by_index(shuffled, 3) == _by_index(regrouped, 3)
+    draws = [r[3] for batch in shuffled for r in batch]
+    assert len(set(draws)) == len(draws)
+
+
+def test_mxnet_seed_is_validated():
+    with pytest.raises(ValueError, match="mxnet_seed must be one of 'batch', 'sample'"):
+        ShardedDataLoader(RandomAugDataset(4), batch_size=2, seed=0, mxnet_seed="epoch")
+
+
 def test_rollover_batches_that_start_alike_still_draw_distinct_values():
     """With seed 6, epoch 1 is [7, 1, 8, 6], [7, 1, 4, 5], [2, 9, 3, 0]: the rollover
     carry makes two batches start with the same samples. Different samples must still get
