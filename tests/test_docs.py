@@ -42,20 +42,6 @@ _BUILD_TIMEOUT_S = 240.0
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
 _SKIP = re.compile(r"^\s*<!--\s*skip-test\b(?P<reason>.*?)-->\s*$")
 
-# Blocks on pages other people own that cannot run here and carry no skip marker yet:
-# (page, a line that identifies the block) -> why. The marker on the page is the right place
-# for this; an entry goes as soon as its page marks the block itself (the consistency test
-# below fails if an entry no longer matches a block, so stale ones do not linger).
-_UNMARKED_SKIPS = {
-    ("docs/distributed.md", "num_parts=kv.num_workers, part_index=kv.rank)"): (
-        "a fragment: `dataset` and `kv` come from the training script that follows"
-    ),
-    ("docs/distributed.md", 'result = launch_local(["python", "train.py"]'): (
-        "starts a ps-lite cluster that runs train.py"
-    ),
-    ("docs/distributed.md", "import horovod.mxnet as hvd"): "needs Horovod and horovodrun",
-}
-
 
 class Block(NamedTuple):
     line: int  # 1-based line of the first code line in the page
@@ -118,9 +104,6 @@ def _skip_reason(page: Path, lines: List[str], fence_line: int, code: str) -> Op
         marker = _SKIP.match(lines[k])
         if marker:
             return marker["reason"].strip(" :-") or "marked skip-test"
-    for (where, needle), why in _UNMARKED_SKIPS.items():
-        if where == _rel(page) and needle in code:
-            return why
     return None
 
 
@@ -205,10 +188,6 @@ def test_skip_markers_sit_right_before_python_blocks() -> None:
             fence = _FENCE.match(lines[k]) if k < len(lines) else None
             if not fence or fence["info"].strip().split(" ")[0].lower() not in ("python", "py"):
                 problems.append(f"{_rel(page)}:{n + 1}: skip-test is not before a python block")
-    for (where, needle), _why in _UNMARKED_SKIPS.items():
-        path = ROOT / where
-        if not path.exists() or not any(needle in b.code for b in python_blocks(path)):
-            problems.append(f"_UNMARKED_SKIPS entry for {where} matches no block: {needle!r}")
     assert not problems, "\n".join(problems)
 
 
