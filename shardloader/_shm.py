@@ -10,7 +10,8 @@ Ownership protocol (invariant 4 of DESIGN.md: every segment has exactly one owne
   process maps it and closes the descriptor, so no descriptor stays open on either side.
 * From then on the main process owns the slot's contents. It wraps the arrays as NDArrays
   without a copy. When the last of them is garbage collected (the user dropped the batch),
-  a finalizer queues the slot id, and the next task message to that worker hands it back.
+  a finalizer queues the slot id, and the next message to that worker hands it back (a
+  large slot goes at once, in a message of its own).
   A batch that is never handed to the user (early ``break``, error, ``close()``) is released
   the same way by whoever drops it.
 * Memory is freed when both mappings are gone: the worker drops a surplus free slot and says
@@ -187,7 +188,7 @@ class SlotRing:
             self._free.append(self.current.id)
             self.current = None
 
-    def pack(self, result: Any, promoted: Set[int]) -> Tuple[Any, Optional[int], list]:
+    def pack(self, result: Any, promoted: Dict[int, Any]) -> Tuple[Any, Optional[int], list]:
         """Turn a batch into ``(skeleton, slot_id, fds_to_send)``.
 
         Every array leaf travels in the slot, never as pickled bytes: leaves that batchify
