@@ -7,7 +7,8 @@ Ownership protocol (invariant 4 of DESIGN.md: every segment has exactly one owne
 * The worker stacks a batch straight into a free slot (through ``shardloader._alloc``)
   and sends only metadata: the slot id, and per array its offset, shape and dtype. The first
   time a slot travels, its file descriptor follows the message (``SCM_RIGHTS``); the main
-  process maps it and closes the descriptor, so no descriptor stays open on either side.
+  process maps it and closes the descriptor. The worker keeps its descriptor and maps the
+  slot only while it fills it.
 * From then on the main process owns the slot's contents. It wraps the arrays as NDArrays
   without a copy. When the last of them is garbage collected (the user dropped the batch),
   a finalizer queues the slot id, and the next message to that worker hands it back (a
@@ -89,6 +90,10 @@ def _copy_ndarray_into(src, dst: np.ndarray) -> None:
 
 
 class _Slot:
+    """One memfd segment of a worker's ring. The worker maps it only while it fills it: once
+    the batch is sent, the main process's mapping is the one that matters, and unmapping here
+    keeps a worker's resident memory to the batch it is making (as with Gluon's workers)."""
+
     __slots__ = ("id", "fd", "mm", "capacity", "buf", "addr", "top", "sent")
 
     def __init__(self, slot_id: int, capacity: int) -> None:
@@ -96,12 +101,30 @@ class _Slot:
         self.capacity = capacity
         self.fd = os.memfd_create(f"shardloader-slot-{slot_id}", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, capacity)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        self.mm = mmap.mmap(self.fd, capacity, flags=flags)
-        self.buf = np.frombuffer(self.mm, dtype=np.uint8)
-        self.addr = self.buf.ctypes.data
+        self.mm: Optional[mmap.mmap] = None
         self.top = 0
         self.sent = False
+        self.map()
+
+    def map(self) -> None:
+        """Map the slot for writing, its pages populated in one call rather than faulted."""
+        if self.mm is None:
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.mm = mmap.mmap(self.fd, self.capacity, flags=flags)
+            self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+            self.addr = self.buf.ctypes.data
+
+    def unmap(self) -> None:
+        if self.mm is None:
+            return
+        self.buf = None
+        try:
+            self.mm.close()
+        except BufferError:
+            # An array still points into it: stay mapped, and try again next time.
+            self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+            return
+        self.mm = None
 
     def carve(self, nbytes: int) -> Optional[int]:
         """Reserve ``nbytes`` at an aligned offset, or None if the slot is full."""
@@ -117,11 +140,7 @@ class _Slot:
         return self.buf[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def close(self) -> None:
-        self.buf = None
-        try:
-            self.mm.close()
-        except BufferError:
-            pass  # an array still points into it; the mapping goes when that array does
+        self.unmap()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -154,6 +173,7 @@ class SlotRing:
             sid = min(fits, key=lambda s: self._slots[s].capacity)
             self._free.remove(sid)
             slot = self._slots[sid]
+            slot.map()
         else:
             capacity = max(_MIN_SLOT_BYTES, int(need * _HEADROOM))
             capacity = (capacity + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
@@ -229,12 +249,11 @@ class SlotRing:
             slot.sent = True
         return skeleton, slot.id, fds
 
-    def sent_fd(self, slot_id: int) -> None:
-        """The slot's descriptor reached the main process: the mapping is enough now."""
+    def sent(self, slot_id: int) -> None:
+        """The batch in this slot reached the main process: stop mapping it here."""
         slot = self._slots.get(slot_id)
-        if slot is not None and slot.fd >= 0:
-            os.close(slot.fd)
-            slot.fd = -1
+        if slot is not None:
+            slot.unmap()
 
     @staticmethod
     def _in_slot(slot: Optional[_Slot], arr: np.ndarray) -> bool:

@@ -272,9 +272,11 @@ def _send(conn, results, new_slots, dropped, ring, worker_id, indices_by_seq) ->
         results = [_picklable(r, ring, worker_id, indices_by_seq.get(r[1])) for r in results]
         data = _dumps((results, meta, dropped))
     conn.send_bytes(data)
-    for sid, _, fd in new_slots:
+    for _, _, fd in new_slots:
         reduction.send_handle(conn, fd, os.getppid())
-        ring.sent_fd(sid)
+    for result in results:
+        if result[2] and result[3][1] is not None:
+            ring.sent(result[3][1])
 
 
 def _picklable(result, ring, worker_id, indices):

@@ -52,7 +52,8 @@ def _ship(ring, table, batch, promoted=None, key=0):
     message = pickle.dumps((skeleton, slot_id))
     for sid, capacity, fd in fds:
         table.adopt(key, sid, os.dup(fd), capacity)
-        ring.sent_fd(sid)
+    if slot_id is not None:
+        ring.sent(slot_id)
     skeleton, slot_id = pickle.loads(message)
     table.received(key, slot_id)
     return table.materialize(key, slot_id, skeleton), message
