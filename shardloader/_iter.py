@@ -17,6 +17,8 @@ import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ._errors import (
     ClosedIteratorError,
     LoaderTimeoutError,
@@ -362,8 +364,6 @@ def walk_nbytes(batch: Any) -> int:
     if size is None or dtype is None:
         return 0
     try:
-        import numpy as np
-
         return int(size) * np.dtype(dtype).itemsize
     except TypeError:
         return 0

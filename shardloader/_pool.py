@@ -28,6 +28,7 @@ from multiprocessing import connection, reduction
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._errors import RemoteError
+from ._shm import SlotTable
 from ._worker import (
     BatchMaker,
     WorkerInfo,
@@ -71,6 +72,11 @@ class WorkerLost(NamedTuple):
     pid: Optional[int]
     exitcode: Optional[int]
     tasks: List[Task]
+
+
+def _fresh_entropy() -> int:
+    """Seed material for workers when the user gave no seed: distinct on every call."""
+    return int.from_bytes(os.urandom(7), "little")
 
 
 def _finalizing() -> bool:
@@ -128,8 +134,6 @@ class ProcessPool:
         start_method: str,
         mxnet_per_sample: bool = False,
     ) -> None:
-        from ._shm import SlotTable
-
         self._mxnet_per_sample = mxnet_per_sample
         self.num_workers = num_workers
         self._dataset = dataset
@@ -138,7 +142,7 @@ class ProcessPool:
         self._seed = seed
         self._worker_init_fn = worker_init_fn
         self._ctx = mp.get_context(start_method)
-        self._entropy = int.from_bytes(os.urandom(7), "little")
+        self._entropy = _fresh_entropy()
         self._workers: Dict[int, _ProcWorker] = {}
         self._table = SlotTable()
         self._lock = threading.RLock()
@@ -197,7 +201,7 @@ class ProcessPool:
                 _reap(old)
             # Fresh entropy: without a seed, the new worker must not replay the draws of the
             # one it replaces (with a seed, seeding before each sample decides them anyway).
-            self._spawn(worker_id, entropy=int.from_bytes(os.urandom(7), "little"))
+            self._spawn(worker_id, entropy=_fresh_entropy())
 
     @property
     def closed(self) -> bool:
@@ -414,7 +418,7 @@ class ThreadPool:
         self._stop = threading.Event()
         self._closed = False
         self._bytes = 0
-        entropy = int.from_bytes(os.urandom(7), "little")
+        entropy = _fresh_entropy()
         self._threads = [
             threading.Thread(
                 target=_thread_main,

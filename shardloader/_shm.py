@@ -249,7 +249,7 @@ class SlotRing:
             slot.sent = True
         return skeleton, slot.id, fds
 
-    def sent(self, slot_id: int) -> None:
+    def unmap_sent(self, slot_id: int) -> None:
         """The batch in this slot reached the main process: stop mapping it here."""
         slot = self._slots.get(slot_id)
         if slot is not None:
@@ -453,6 +453,8 @@ class SlotTable:
 
     def urgent(self) -> List[int]:
         """Workers with a large released slot waiting to go back to them."""
+        if not self._urgent:  # the common case, twice per batch: no lock, no list
+            return []
         with self._lock:
             keys, self._urgent = list(self._urgent), set()
         return keys

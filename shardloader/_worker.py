@@ -276,7 +276,7 @@ def _send(conn, results, new_slots, dropped, ring, worker_id, indices_by_seq) ->
         reduction.send_handle(conn, fd, os.getppid())
     for result in results:
         if result[2] and result[3][1] is not None:
-            ring.sent(result[3][1])
+            ring.unmap_sent(result[3][1])
 
 
 def _picklable(result, ring, worker_id, indices):

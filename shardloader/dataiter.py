@@ -64,9 +64,22 @@ def _same_dtype(a: Any, b: Any) -> bool:
 
 
 class _CurrentBatch(DataIter):
-    """The ``DataIter`` accessors, answered from the batch the last ``next()`` returned."""
+    """The ``DataIter`` accessors, answered from the batch the last ``next()`` returned and
+    from the descriptions the subclass built."""
 
     _current: DataBatch
+    _provide_data: _Descs
+    _provide_label: _Descs
+
+    @property
+    def provide_data(self) -> _Descs:
+        """The name, shape (with the full batch size), dtype and layout of each data field."""
+        return self._provide_data
+
+    @property
+    def provide_label(self) -> _Descs:
+        """The name, shape (with the full batch size), dtype and layout of each label field."""
+        return self._provide_label
 
     def iter_next(self) -> bool:
         try:
@@ -287,16 +300,6 @@ class LoaderDataIter(_CurrentBatch):
         return dict(zip(names, fields))
 
     # -- DataIter protocol ----------------------------------------------------------------
-
-    @property
-    def provide_data(self) -> _Descs:
-        """The name, shape (with the full batch size), dtype and layout of each data field."""
-        return self._provide_data
-
-    @property
-    def provide_label(self) -> _Descs:
-        """The name, shape (with the full batch size), dtype and layout of each label field."""
-        return self._provide_label
 
     def next(self) -> DataBatch:
         """The next padded ``DataBatch``; ``StopIteration`` at the end of the epoch."""
@@ -577,16 +580,6 @@ class PrefetchingIter(_CurrentBatch):
         return PrefetchIterator(
             _combined_batches(self._wrapped), self._buffer_size, name="dataiter"
         )
-
-    @property
-    def provide_data(self) -> _Descs:
-        """The wrapped iterators' data descriptions, renamed, in order."""
-        return self._provide_data
-
-    @property
-    def provide_label(self) -> _Descs:
-        """The wrapped iterators' label descriptions, renamed, in order."""
-        return self._provide_label
 
     def next(self) -> DataBatch:
         """The next combined batch; re-raises any error from the wrapped iterators."""

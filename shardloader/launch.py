@@ -68,6 +68,8 @@ from typing import (
     Union,
 )
 
+from ._errors import describe_exitcode
+
 __all__ = ["LaunchResult", "NodeProcess", "launch_local", "main"]
 
 _log = logging.getLogger(__name__)
@@ -442,15 +444,11 @@ def _free_port(host: str) -> int:
 
 
 def _describe_returncode(code: Optional[int]) -> str:
+    """``describe_exitcode`` as a predicate: "is still running", "was killed by SIGTERM"."""
+    how = describe_exitcode(code)
     if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
+        return f"is {how}"
+    return f"was {how}" if code < 0 else how
 
 
 def _exit_status(code: Optional[int]) -> int:

@@ -100,3 +100,20 @@ def no_leaks():
     yield snap
     problems = snap.settle()
     assert not problems, "; ".join(problems)
+
+
+@pytest.fixture
+def no_thread_leak():
+    """Fail the test if it leaves any thread behind (for the single-process thread stages,
+    whose tests need no process or shared-memory checks)."""
+    before = set(threading.enumerate())
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 2.0
+    while True:
+        extra = [t for t in threading.enumerate() if t not in before]
+        if not extra:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"threads left behind: {extra}")
+        time.sleep(0.01)

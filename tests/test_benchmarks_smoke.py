@@ -16,7 +16,7 @@ from benchmarks import report  # noqa: E402
 from benchmarks.harness import count_samples, run_isolated, time_loader, touch  # noqa: E402
 from benchmarks.workloads import Case, build  # noqa: E402
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaks")]
 
 _KEYS = {
     "samples_per_s",

@@ -17,7 +17,7 @@ from shardloader import bench, bench_report, cli
 from shardloader.demo_data import CLASSES, generate_shapes, prepare
 from shardloader.recordio import ImageRecordDataset
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leaks")]
 
 TESTS = Path(__file__).resolve().parent
 FACTORY = str(TESTS / "bench_factory.py")

@@ -9,32 +9,14 @@ import traceback
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import our_threads
 from mxnet.gluon.data import ArrayDataset, DataLoader
 
 from shardloader import prefetch
 from shardloader._errors import ClosedIteratorError, LoaderTimeoutError
 from shardloader.dataiter import LoaderDataIter, PrefetchingIter
 
-pytestmark = pytest.mark.timeout(60)
-
-
-def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("shardloader-")]
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leak():
-    before = set(threading.enumerate())
-    yield
-    gc.collect()
-    deadline = time.monotonic() + 2.0
-    while True:
-        extra = [t for t in threading.enumerate() if t not in before]
-        if not extra:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"threads left behind: {extra}")
-        time.sleep(0.01)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_thread_leak")]
 
 
 def separable(n, seed, classes=3, dim=4):
@@ -413,7 +395,7 @@ def test_prefetching_error_midway_reaches_consumer():
     it.reset()  # a new epoch after an error works
     assert it.next().data[0].asnumpy()[0, 0] == 1
     it.close()
-    assert not prefetch_threads()
+    assert not our_threads()
 
 
 def test_prefetching_reset_mid_epoch():
@@ -454,7 +436,7 @@ def test_prefetching_close_gc_and_break_leave_no_thread():
     it = PrefetchingIter(mx.io.NDArrayIter(X, y, batch_size=4))
     next(it)
     it.close()
-    assert not prefetch_threads()
+    assert not our_threads()
     with pytest.raises(ClosedIteratorError):
         it.next()
     with pytest.raises(ClosedIteratorError):
@@ -465,9 +447,9 @@ def test_prefetching_close_gc_and_break_leave_no_thread():
     del it
     gc.collect()
     deadline = time.monotonic() + 2
-    while prefetch_threads() and time.monotonic() < deadline:
+    while our_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not prefetch_threads()
+    assert not our_threads()
 
     for _ in range(10):
         for _batch in PrefetchingIter(mx.io.NDArrayIter(X, y, batch_size=4)):
@@ -501,7 +483,7 @@ def test_prefetching_reset_refuses_to_race_a_stuck_iterator(monkeypatch):
     with pytest.warns(RuntimeWarning, match="did not stop"), pytest.raises(LoaderTimeoutError):
         it.reset()
     deadline = time.monotonic() + 5
-    while prefetch_threads() and time.monotonic() < deadline:
+    while our_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
     it.reset()  # once the thread is out of next(), reset works
     assert it.next().data[0].asnumpy()[0, 0] == 1

@@ -30,7 +30,7 @@ from typing import List, NamedTuple, Optional
 
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_leaks")]
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

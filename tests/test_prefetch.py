@@ -15,31 +15,13 @@ import traceback
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import our_threads
 
 from shardloader import _device, prefetch
 from shardloader._errors import ClosedIteratorError, WorkerError
 from shardloader.prefetch import DevicePrefetcher, Prefetcher, PrefetchIterator
 
-pytestmark = pytest.mark.timeout(60)
-
-
-def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("shardloader-")]
-
-
-@pytest.fixture(autouse=True)
-def no_thread_leak():
-    """Every test must leave no thread behind (checked with a short grace period)."""
-    before = set(threading.enumerate())
-    yield
-    deadline = time.monotonic() + 2.0
-    while True:
-        extra = [t for t in threading.enumerate() if t not in before]
-        if not extra:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"threads left behind: {extra}")
-        time.sleep(0.01)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_thread_leak")]
 
 
 # -- the stages under test --------------------------------------------------------------------
@@ -135,7 +117,7 @@ def test_order_and_completeness(stage):
     assert source.closed.wait(5)
     with pytest.raises(StopIteration):
         next(it)
-    assert not prefetch_threads()
+    assert not our_threads()
 
 
 def test_producer_exception_reaches_consumer_at_its_position(stage):
@@ -150,7 +132,7 @@ def test_producer_exception_reaches_consumer_at_its_position(stage):
     assert "_generate" in frames, frames  # the source's own frame is in the traceback
     with pytest.raises(StopIteration):  # finished after the error
         next(it)
-    assert not prefetch_threads()
+    assert not our_threads()
 
 
 def test_warm_start_pulls_before_first_next(stage):
@@ -166,7 +148,7 @@ def test_close_stops_thread_and_closes_source(stage):
     it = stage.make(source)
     assert stage.value(next(it)) == 0
     it.close()
-    assert not prefetch_threads()
+    assert not our_threads()
     assert source.closed.is_set()
     with pytest.raises(ClosedIteratorError):
         next(it)
@@ -179,7 +161,7 @@ def test_garbage_collection_stops_thread(stage):
     next(it)
     del it
     gc.collect()
-    assert wait_until(lambda: not prefetch_threads(), 2.0), prefetch_threads()
+    assert wait_until(lambda: not our_threads(), 2.0), our_threads()
     assert source.closed.wait(2)
 
 
@@ -188,14 +170,14 @@ def test_break_stops_thread(stage):
     for i, _x in enumerate(stage.make(source)):
         if i == 3:
             break
-    assert wait_until(lambda: not prefetch_threads(), 2.0), prefetch_threads()
+    assert wait_until(lambda: not our_threads(), 2.0), our_threads()
 
 
 def test_context_manager(stage):
     with stage.make(Source(stage.item, 100)) as it:
         assert stage.value(next(it)) == 0
     assert it.closed
-    assert not prefetch_threads()
+    assert not our_threads()
 
 
 # -- Prefetcher specifics -----------------------------------------------------------------------
@@ -232,7 +214,7 @@ def test_close_while_source_is_slow_returns_promptly():
     start = time.monotonic()
     it.close()
     assert time.monotonic() - start < 2.0
-    assert not prefetch_threads()
+    assert not our_threads()
 
 
 def test_dead_thread_without_sentinel_is_an_error_not_a_hang(monkeypatch):
