@@ -3,24 +3,42 @@
 ``state.json`` holds the loader's ``state_dict()`` and the options the run depends on. It is
 written last, after the parameter and trainer files are in place, and names them with a
 per-checkpoint tag, so a crash while saving leaves the previous checkpoint usable.
+
+The names in ``state.json`` are read back, and the next save deletes the files they name, so
+they are trusted only when they are the file names this module writes
+(``model-e<epoch>-b<step>.params`` and ``trainer-e<epoch>-b<step>.states``): plain names in
+the checkpoint folder, never a path that leads out of it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import tempfile
 from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 
-__all__ = ["Checkpoint", "CheckpointMismatch"]
+__all__ = ["Checkpoint", "CheckpointMismatch", "CheckpointCorrupt"]
 
 _VERSION = 1
 _STATE = "state.json"
+# The only file names a checkpoint's state.json may hold, per kind of file.
+_FILE_NAMES = {
+    "params": (re.compile(r"model-e[0-9]+-b[0-9]+\.params"), "model-e<epoch>-b<step>.params"),
+    "trainer": (re.compile(r"trainer-e[0-9]+-b[0-9]+\.states"), "trainer-e<epoch>-b<step>.states"),
+}
 
 
 class CheckpointMismatch(ValueError):
-    """The checkpoint was made with options that change the data or the model."""
+    """The checkpoint cannot be resumed: it was made with options that change the data or the
+    model, or in another format."""
+
+
+class CheckpointCorrupt(CheckpointMismatch):
+    """``state.json`` is not a checkpoint this module wrote: unreadable, or naming files that
+    are not checkpoint files in the checkpoint folder."""
 
 
 class Checkpoint:
@@ -42,30 +60,73 @@ class Checkpoint:
         return os.path.join(self.directory, name)
 
     def save(self, net: Any, trainer: Any, loader: Any) -> None:
-        """Write the parameters, the trainer states and ``loader.state_dict()``."""
+        """Write the parameters, the trainer states and ``loader.state_dict()``.
+
+        Raises
+        ------
+        CheckpointCorrupt
+            When the ``state.json`` already in the folder is damaged or names files outside
+            it; nothing is written or deleted then.
+        """
         os.makedirs(self.directory, exist_ok=True)
+        old = self._read()
+        # Checked before anything is written, and before any of them is deleted.
+        old_files = None if old is None else self._files(old)
         position = loader.state_dict()
-        tag = f"e{position['epoch']}-b{position['consumed']}"
+        tag = f"e{int(position['epoch'])}-b{int(position['consumed'])}"
         files = {"params": f"model-{tag}.params", "trainer": f"trainer-{tag}.states"}
         net.save_parameters(self._path(files["params"]))
         trainer.save_states(self._path(files["trainer"]))
         state = {"version": _VERSION, "config": self.config, "files": files, "loader": position}
-        tmp = self._path(f"{_STATE}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(state, f, indent=1)
-        old = self._read()
-        os.replace(tmp, self._path(_STATE))
-        if old is not None:  # the previous checkpoint's files, now that nothing points to them
-            for name in old.get("files", {}).values():
+        # An unpredictable name, created exclusively: nothing planted in the folder is followed.
+        fd, tmp = tempfile.mkstemp(prefix=f".{_STATE}.", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(state, f, indent=1)
+            os.replace(tmp, self._path(_STATE))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        if old_files is not None:  # the previous checkpoint's, now that nothing points to them
+            for name in old_files.values():
                 if name not in files.values() and os.path.exists(self._path(name)):
                     os.remove(self._path(name))
 
+    def _corrupt(self, problem: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(
+            f"{self._path(_STATE)}: {problem}, so it was not written by this demo; delete "
+            f"{self.directory} to start over"
+        )
+
     def _read(self) -> Optional[Dict[str, Any]]:
+        """The saved state, or None when there is none."""
         try:
             with open(self._path(_STATE), encoding="utf-8") as f:
-                return json.load(f)
+                state = json.load(f)
         except FileNotFoundError:
             return None
+        except (OSError, ValueError) as exc:  # ValueError: bad JSON or bad UTF-8
+            raise self._corrupt(f"cannot be read ({exc})") from exc
+        if not isinstance(state, dict):
+            raise self._corrupt(f"holds a {type(state).__name__}, not an object")
+        return state
+
+    def _files(self, state: Dict[str, Any]) -> Dict[str, str]:
+        """The checkpoint's file names, each checked to be a plain name of the right form."""
+        files = state.get("files")
+        if not isinstance(files, dict) or set(files) != set(_FILE_NAMES):
+            raise self._corrupt(
+                f"'files' must map {' and '.join(map(repr, _FILE_NAMES))} to file names, "
+                f"not {files!r}"
+            )
+        for kind, name in files.items():
+            pattern, form = _FILE_NAMES[kind]
+            if not isinstance(name, str) or not pattern.fullmatch(name):
+                raise self._corrupt(
+                    f"its {kind} file {name!r} is not a checkpoint file in {self.directory} "
+                    f"(a plain name of the form {form})"
+                )
+        return files
 
     def load(self, net: Any, trainer: Any, loader: Any, ctx: List[mx.Context]) -> Optional[Dict]:
         """Restore ``net``, ``trainer`` and ``loader`` from the last save.
@@ -80,6 +141,8 @@ class Checkpoint:
         ------
         CheckpointMismatch
             When the checkpoint was saved with a different configuration.
+        CheckpointCorrupt
+            When ``state.json`` is damaged or names files outside the checkpoint folder.
         """
         state = self._read()
         if state is None:
@@ -97,7 +160,8 @@ class Checkpoint:
                 f"the checkpoint in {self.directory} was made with other options ({details}); "
                 f"use the same options, or run without --resume to start over"
             )
-        net.load_parameters(self._path(state["files"]["params"]), ctx=ctx)
-        trainer.load_states(self._path(state["files"]["trainer"]))
+        files = self._files(state)
+        net.load_parameters(self._path(files["params"]), ctx=ctx)
+        trainer.load_states(self._path(files["trainer"]))
         loader.load_state_dict(state["loader"])
         return state

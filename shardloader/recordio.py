@@ -2,33 +2,32 @@
 
 ``RecordDataset`` returns raw records and ``ImageRecordDataset`` decodes image
 records in whichever process reads them. ``pack_images`` and ``pack_records`` write
-``.rec``/``.idx`` pairs.
+``.rec``/``.idx`` pairs, and ``thread_safe`` makes Gluon's own record datasets safe to
+share between threads.
 
-Per-process handles
+Reading
     The dataset holds the record positions it parsed from the ``.idx`` file at construction,
-    never an open file. Each process opens its own ``MXIndexedRecordIO`` handle on its first
-    read and remembers its pid; a forked child sees a foreign pid and opens a fresh handle.
-    The handle is not pickled, so the dataset also travels to ``spawn`` workers. Within a
-    process, threads share the handle under a lock, because MXNet's seek and read are two
-    calls on one stream.
+    never an open file. Each process opens its own read-only descriptor of the ``.rec`` on its
+    first read and remembers its pid; a forked child sees a foreign pid and opens its own. The
+    descriptor is not pickled, so the dataset also travels to ``spawn`` workers. Records are
+    read with ``os.pread``, which takes the position with every call, so threads share the
+    descriptor without a lock and without a seek that another thread could move.
 
-What MXNet does not check, and this module does
-    MXNet's reader verifies the magic number of a record header and that a record's bytes can
-    be read in full, but it names neither the file nor the record, and:
+Checks
+    RecordIO frames each record as chunks of ``<magic><flag and length><data><zero padding>``.
+    MXNet's own reader checks only the magic number and that the bytes can be read, and names
+    neither the file nor the record. Here every read checks the whole frame: the magic number,
+    the continuation flags (a record starts with flag 0 or 1, continues with 2 and ends with 3),
+    that the padding bytes are zero, and that the record ends exactly where the next indexed
+    record starts or the file ends, or else where another record starts. The ``.idx`` positions
+    are checked against the ``.rec`` size at construction. Errors about file contents are
+    ``RecordIOError`` (a ``ValueError``) naming the file, the record index, its key and its byte
+    offset. A missing file is ``FileNotFoundError``.
 
-    - a position at or past the end of the file makes it return ``None`` instead of raising,
-      and every later read on that handle returns ``None`` as well (the end-of-stream flag
-      sticks across seeks);
-    - a length field that was damaged into a smaller value yields a silently shortened record,
-      and a damaged continuation flag glues the next record onto this one.
-
-    So the ``.idx`` positions are checked against the ``.rec`` size at construction, a handle
-    that failed is discarded, and every record is checked to end exactly where the next
-    indexed record starts (or the file ends), or else to be followed by another record header.
-    Errors about file contents are ``RecordIOError`` (a ``ValueError``) naming the file,
-    the record index, its key and its byte offset. A missing file is ``FileNotFoundError``.
-    RecordIO stores no checksum: a damaged byte inside a raw payload cannot be detected, but an
-    image that no longer decodes (PNG checks a CRC per chunk) is reported.
+    RecordIO stores no checksum. A damaged byte inside a payload cannot be detected, and neither
+    can a length field that changed only within the record's last 4-byte word when the bytes it
+    gained or lost are zeros. An image that no longer decodes (PNG checks a CRC per chunk) is
+    reported.
 """
 
 from __future__ import annotations
@@ -37,16 +36,19 @@ import errno
 import itertools
 import operator
 import os
+import stat
 import struct
+import tempfile
 import threading
 import warnings
 import zlib
-from typing import Any, Callable, Iterable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 from mxnet.gluon.data import Dataset
+from mxnet.gluon.data import dataset as _gluon_dataset
 from tqdm import tqdm
 
 from ._errors import ShardLoaderError
@@ -57,20 +59,30 @@ __all__ = [
     "ImageRecordDataset",
     "pack_records",
     "pack_images",
+    "thread_safe",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 # dmlc-core's RecordIO framing: each chunk is <magic:u32><cflag:3 bits|length:29 bits><data>,
-# padded to 4 bytes. The writer splits a record at every 4-aligned copy of the magic in it.
+# with zero bytes that pad the data to a multiple of 4. The writer splits a record at every
+# 4-aligned copy of the magic in it: the copy is dropped, the first chunk gets flag 1, the
+# middle ones 2 and the last one 3. A record of one chunk has flag 0.
 _MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", _MAGIC)
-_HEADER_BYTES = 8
+_HEADER = struct.Struct("<II")
+_HEADER_BYTES = _HEADER.size
+_LENGTH_MASK = (1 << 29) - 1
+_FIRST_FLAGS = (0, 1)
+_NEXT_FLAGS = (2, 3)
+_LAST_FLAGS = (0, 3)
+# .idx numbers must fit the int64 arrays they are kept in.
+_INT64_MAX = (1 << 63) - 1
 
 
 class RecordIOError(ShardLoaderError, ValueError):
-    """A ``.rec`` or ``.idx`` file is corrupt, truncated or inconsistent, or a record does not
-    hold what the dataset expects (an ``IRHeader`` and a decodable image).
+    """A ``.rec`` or ``.idx`` file is corrupt, truncated, inconsistent or cannot be read, or a
+    record does not hold what the dataset expects (an ``IRHeader`` and a decodable image).
 
     Attributes
     ----------
@@ -110,48 +122,87 @@ def _default_idx_path(rec_path: str) -> str:
     return os.path.splitext(rec_path)[0] + ".idx"
 
 
-def _existing_file(path: str, what: str) -> str:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(errno.ENOENT, f"{what} not found", path)
-    return path
+def _kind_of(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a regular file"
 
 
-def _stored_size(payload: bytes) -> int:
-    """The bytes MXNet's writer spent on disk for ``payload``: headers, data and padding."""
-    size = len(payload)
-    splits = 0
-    if _MAGIC_BYTES in payload:
-        words = np.frombuffer(payload, dtype="<u4", count=size // 4)
-        splits = int(np.count_nonzero(words == _MAGIC))
-    return ((size + 3) & ~3) + _HEADER_BYTES * (splits + 1) - 4 * splits
+def _open_file(path: str, what: str) -> int:
+    """A read-only descriptor of the regular file ``path``; ``FileNotFoundError`` when it is
+    missing, ``RecordIOError`` naming it and the problem for anything else."""
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer. It changes nothing for files.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"{what} not found", path) from None
+    except OSError as exc:
+        raise RecordIOError(
+            f"{path}: cannot open the {what}: {exc.strerror or exc}", path=path
+        ) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:  # pragma: no cover - fstat of an open descriptor does not fail
+        os.close(fd)
+        raise RecordIOError(f"{path}: cannot stat the {what}: {exc.strerror}", path=path) from exc
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = _kind_of(mode)
+        raise RecordIOError(f"{path}: the {what} is {kind}, not a regular file", path=path)
+    return fd
 
 
-def _parse_index(idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
+def _index_error(
+    idx_path: str, number: int, problem: str, key: Optional[int] = None
+) -> RecordIOError:
+    return RecordIOError(f"{idx_path}, line {number}: {problem}", path=idx_path, key=key)
+
+
+def _parse_index(idx_path: str, rec_path: str) -> Tuple[np.ndarray, np.ndarray]:
     """Keys and byte offsets from an ``.idx`` file, in file order, rejecting what MXNet's
     reader would misread."""
     keys, offsets, first_line = [], [], {}
-    with open(idx_path, encoding="utf-8") as lines:
+    with os.fdopen(_open_file(idx_path, "RecordIO index file"), "rb") as lines:
         for number, line in enumerate(lines, 1):
-            fields = line.strip().split("\t")
+            fields = line.strip().split(b"\t")
             try:
                 key, offset = int(fields[0]), int(fields[1])
             except (IndexError, ValueError):
-                raise RecordIOError(
-                    f"{idx_path}, line {number}: expected '<integer key>\\t<byte offset>', "
-                    f"got {line.rstrip()!r}",
-                    path=idx_path,
+                text = line.rstrip(b"\r\n").decode("utf-8", "backslashreplace")
+                try:
+                    line.decode("utf-8")
+                    hint = ""
+                except UnicodeDecodeError:
+                    hint = "; the line is not UTF-8 text, so this is not an .idx file"
+                raise _index_error(
+                    idx_path,
+                    number,
+                    f"expected '<integer key>\\t<byte offset>', got {text!r}{hint}",
                 ) from None
+            if not -_INT64_MAX - 1 <= key <= _INT64_MAX:
+                raise _index_error(idx_path, number, f"key {key} is out of the 64-bit range")
             if offset < 0:
-                raise RecordIOError(
-                    f"{idx_path}, line {number}: negative byte offset {offset} for key {key}",
-                    path=idx_path,
-                    key=key,
+                raise _index_error(
+                    idx_path, number, f"negative byte offset {offset} for key {key}", key
+                )
+            if offset > _INT64_MAX:
+                raise _index_error(
+                    idx_path,
+                    number,
+                    f"byte offset {offset} for key {key} is past the end of any file, "
+                    f"{rec_path} included",
+                    key,
                 )
             if key in first_line:
-                raise RecordIOError(
-                    f"{idx_path}, line {number}: key {key} repeats line {first_line[key]}",
-                    path=idx_path,
-                    key=key,
+                raise _index_error(
+                    idx_path, number, f"key {key} repeats line {first_line[key]}", key
                 )
             first_line[key] = number
             keys.append(key)
@@ -159,54 +210,104 @@ def _parse_index(idx_path: str) -> Tuple[np.ndarray, np.ndarray]:
     return np.array(keys, dtype=np.int64), np.array(offsets, dtype=np.int64)
 
 
-class _IndexedReader(mx.recordio.MXIndexedRecordIO):
-    """MXNet's indexed reader, except that it never closes a stream inherited through fork."""
+# One lock for creating readers, so that two threads opening a dataset's first reader at
+# once do not both open the file. A forked child gets a fresh one: a thread of the parent may
+# have held it at the fork.
+_OPEN_LOCK = threading.Lock()
 
-    def close(self) -> None:
-        if self.is_open and self.pid != os.getpid():
-            # The child shares the parent's open file description, and closing the inherited
-            # C stream could move the parent's file offset: forget it, leave it open.
-            self.is_open = False
-            return
-        super().close()
+
+def _fresh_open_lock() -> None:
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_open_lock)
+
+
+def _aligned_magic(data: bytes, length: int) -> int:
+    """Where the first 4-aligned copy of the magic number is in ``data[:length]``, or -1."""
+    found = data.find(_MAGIC_BYTES, 0, length)
+    while found >= 0 and found % 4:
+        found = data.find(_MAGIC_BYTES, found + 1, length)
+    return found
+
+
+def _starts_record(header: Any) -> bool:
+    """Whether ``header`` (8 bytes) is the first chunk header of a record."""
+    if len(header) < _HEADER_BYTES:
+        return False
+    magic, word = _HEADER.unpack(header[:_HEADER_BYTES])
+    return magic == _MAGIC and (word >> 29) in _FIRST_FLAGS
 
 
 class _Reader:
-    """One process's open ``MXIndexedRecordIO`` and the lock its threads share it under."""
+    """One process's read-only descriptor of a ``.rec`` file.
 
-    def __init__(self, rec_path: str, idx_path: str) -> None:
+    Threads read it at once with ``os.pread``. ``release`` closes it only once the last
+    read that is under way has finished, so a close never pulls the descriptor from under a
+    read (whose number the next ``open`` could otherwise reuse for another file).
+    """
+
+    def __init__(self, rec_path: str) -> None:
         self.pid = os.getpid()
-        self.lock = threading.Lock()
-        self.rec_path = rec_path
-        self.record = _IndexedReader(
-            _existing_file(idx_path, "RecordIO index file"),
-            _existing_file(rec_path, "RecordIO file"),
-            "r",
-        )
-        self._raw = None
+        self.fd: Optional[int] = _open_file(rec_path, "RecordIO file")
+        info = os.fstat(self.fd)
+        self._identity = (info.st_dev, info.st_ino)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
 
-    def read(self, key: int) -> Optional[bytes]:
-        with self.lock:
-            if not self.record.is_open:  # another thread released it after we picked it up
-                self.record.open()
-            return self.record.read_idx(key)
+    def acquire(self) -> bool:
+        with self._lock:
+            if self._closing:
+                return False
+            self._users += 1
+            return True
 
-    def is_header_at(self, offset: int) -> bool:
-        with self.lock:
-            if self._raw is None:
-                self._raw = open(self.rec_path, "rb", buffering=0)  # noqa: SIM115
-            return os.pread(self._raw.fileno(), 4, offset) == _MAGIC_BYTES
+    def done(self) -> None:
+        with self._lock:
+            self._users -= 1
+            fd = self._take_fd_if_idle()
+        if fd is not None:
+            os.close(fd)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return os.pread(self.fd, size, offset)
 
     def release(self) -> None:
-        """Close the handle; in a forked child, only forget the parent's."""
+        """Close the descriptor once no read uses it; in a forked child, close the inherited
+        copy at once (only this process has it, and the parent's lock may be held)."""
         if self.pid != os.getpid():
-            self.record.close()  # the lock may have been held when the parent forked
+            fd, self.fd = self.fd, None
+            try:
+                # Unless something in this process closed it and reused its number.
+                info = os.fstat(fd) if fd is not None else None
+                if info is not None and (info.st_dev, info.st_ino) == self._identity:
+                    os.close(fd)
+            except OSError:
+                pass
             return
-        with self.lock:
-            self.record.close()
-            raw, self._raw = self._raw, None
-        if raw is not None:
-            raw.close()
+        with self._lock:
+            self._closing = True
+            fd = self._take_fd_if_idle()
+        if fd is not None:
+            os.close(fd)
+
+    def _take_fd_if_idle(self) -> Optional[int]:
+        if self._closing and self._users == 0 and self.fd is not None:
+            fd, self.fd = self.fd, None
+            return fd
+        return None
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)
+        if fd is not None and getattr(self, "pid", None) == os.getpid():
+            self.fd = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 class RecordDataset(Dataset):
@@ -214,7 +315,8 @@ class RecordDataset(Dataset):
 
     A Gluon ``Dataset`` (``transform``, ``transform_first``, ``shard`` and the rest work) that
     any number of worker processes and threads can read at once: every process opens its own
-    ``MXIndexedRecordIO`` handle on first use, and the dataset pickles without it.
+    descriptor of the ``.rec`` file on first use and reads it with ``os.pread``, and the
+    dataset pickles without it. Every read checks the record's RecordIO frame.
 
     Parameters
     ----------
@@ -228,8 +330,9 @@ class RecordDataset(Dataset):
     FileNotFoundError
         If either file is missing.
     RecordIOError
-        If the ``.idx`` file is malformed or points past the end of the ``.rec`` file.
-        Reading a record raises it too, naming the record, when the record is damaged.
+        If either file cannot be read or is not a regular file, if the ``.idx`` file is
+        malformed, or if it points past the end of the ``.rec`` file. Reading a record raises
+        it too, naming the record, when the record is damaged.
 
     Examples
     --------
@@ -245,15 +348,20 @@ class RecordDataset(Dataset):
     def __init__(self, rec_path: PathLike, idx_path: Optional[PathLike] = None) -> None:
         rec_path = os.fspath(rec_path)
         idx_path = _default_idx_path(rec_path) if idx_path is None else os.fspath(idx_path)
-        self._rec_path = _existing_file(rec_path, "RecordIO file")
-        self._idx_path = _existing_file(idx_path, "RecordIO index file")
-        self._keys, self._offsets = _parse_index(idx_path)
-        self._limits = self._check_offsets(os.path.getsize(rec_path))
+        self._rec_path = rec_path
+        self._idx_path = idx_path
+        fd = _open_file(rec_path, "RecordIO file")  # readable, and a regular file
+        try:
+            self._rec_size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        self._keys, self._offsets = _parse_index(idx_path, rec_path)
+        self._limits = self._check_offsets(self._rec_size)
         self._reader: Optional[_Reader] = None
 
     def _check_offsets(self, rec_size: int) -> np.ndarray:
         """Refuse positions past the end of the ``.rec``; return where each record must end."""
-        past_end = np.flatnonzero(self._offsets + _HEADER_BYTES > rec_size)
+        past_end = np.flatnonzero(self._offsets > rec_size - _HEADER_BYTES)
         if past_end.size:
             first = int(past_end[0])
             raise RecordIOError(
@@ -297,7 +405,7 @@ class RecordDataset(Dataset):
         return state
 
     def close(self) -> None:
-        """Release this process's file handle. Reading again reopens it."""
+        """Release this process's file descriptor. Reading again reopens it."""
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.release()
@@ -320,22 +428,22 @@ class RecordDataset(Dataset):
         return position
 
     def _open_reader(self) -> _Reader:
-        reader = self._reader
-        if reader is not None and reader.pid == os.getpid():
-            return reader
-        if reader is not None:
-            reader.release()
-        # Threads racing here each get a working handle; the last one assigned is kept.
-        reader = _Reader(self._rec_path, self._idx_path)
-        if len(reader.record.keys) != len(self):
-            reader.release()
-            raise RecordIOError(
-                f"{self._idx_path} changed after the dataset was built: it now lists "
-                f"{len(reader.record.keys)} records, not {len(self)}",
-                path=self._idx_path,
-            )
-        self._reader = reader
-        return reader
+        """This process's reader, acquired for one read: call ``done()`` after it."""
+        while True:
+            reader = self._reader
+            if reader is None or reader.pid != os.getpid():
+                with _OPEN_LOCK:
+                    reader = self._reader
+                    if reader is None or reader.pid != os.getpid():
+                        if reader is not None:
+                            reader.release()  # inherited through fork: close our copy
+                        reader = self._reader = _Reader(self._rec_path)
+            if reader.acquire():
+                return reader
+            # Another thread released it between our look and our acquire; open a new one.
+            with _OPEN_LOCK:
+                if self._reader is reader:
+                    self._reader = None
 
     def _error(self, position: int, reason: str) -> RecordIOError:
         key, offset = int(self._keys[position]), int(self._offsets[position])
@@ -347,34 +455,113 @@ class RecordDataset(Dataset):
             offset=offset,
         )
 
-    def _discard(self, reader: _Reader) -> None:
-        """Drop a handle that failed: MXNet's reader may be stuck at end of stream."""
-        if self._reader is reader:
-            self._reader = None
-        reader.release()
-
     def _read(self, position: int) -> bytes:
         """The verified bytes of the record at ``position``."""
-        key = int(self._keys[position])
-        reader = self._open_reader()
         try:
-            payload = reader.read(key)
-        except MXNetError as exc:
-            self._discard(reader)
-            reason = f"the file is corrupt or truncated here ({_last_line(exc)})"
+            reader = self._open_reader()
+        except RecordIOError as exc:  # the file became unreadable, or was replaced
+            reason = str(exc).replace(f"{self._rec_path}: ", "", 1)
             raise self._error(position, reason) from exc
-        if payload is None:
-            self._discard(reader)
-            raise self._error(position, "the file ends before this record; it was truncated")
-        end = int(self._offsets[position]) + _stored_size(payload)
+        try:
+            return self._read_frame(reader, position)
+        except OSError as exc:
+            raise self._error(position, f"cannot read the file: {exc.strerror or exc}") from exc
+        finally:
+            reader.done()
+
+    def _read_frame(self, reader: _Reader, position: int) -> bytes:
+        offset = int(self._offsets[position])
         limit = int(self._limits[position])
-        if end > limit or (end < limit and not reader.is_header_at(end)):
+        where = "the next indexed record starts" if limit < self._rec_size else "the file ends"
+        if offset % 4:
             raise self._error(
                 position,
-                f"its length field says it ends at byte {end}, but the next record or the end "
-                f"of the file is at byte {limit}; the RecordIO header is corrupt",
+                "the .idx offset is not a multiple of 4, so no record can start there; the .idx "
+                "is corrupt or belongs to another .rec",
             )
-        return payload
+        header = reader.pread(_HEADER_BYTES, offset)
+        if not header:
+            raise self._error(position, "the file ends before this record; it was truncated")
+        chunks = []
+        start, flags = offset, _FIRST_FLAGS
+        while True:
+            if len(header) < _HEADER_BYTES:
+                raise self._error(
+                    position,
+                    f"the file ends inside the chunk header at byte {start}; it was truncated",
+                )
+            magic, word = _HEADER.unpack(header)
+            if magic != _MAGIC:
+                what = "no record starts here" if start == offset else "a chunk header is corrupt"
+                raise self._error(
+                    position,
+                    f"{what}: expected RecordIO's magic number at byte {start}, found "
+                    f"0x{magic:08x}; the file is corrupt, or the .idx offset is wrong",
+                )
+            flag, length = word >> 29, word & _LENGTH_MASK
+            if flag not in flags:
+                raise self._error(
+                    position,
+                    f"the chunk header at byte {start} has continuation flag {flag}, expected "
+                    f"{' or '.join(map(str, flags))}; the header is corrupt",
+                )
+            padded = (length + 3) & ~3
+            end = start + _HEADER_BYTES + padded
+            if end > limit:
+                raise self._error(
+                    position,
+                    f"the length field at byte {start + 4} says {length} bytes, so the record "
+                    f"would end at byte {end}, past byte {limit} where {where}; the file is "
+                    f"corrupt or truncated",
+                )
+            if flag not in _LAST_FLAGS and length % 4:
+                raise self._error(
+                    position,
+                    f"the chunk at byte {start} is continued but its length {length} is not a "
+                    f"multiple of 4; the header is corrupt",
+                )
+            # The data, its padding and, when something follows, the next header.
+            following = min(padded + _HEADER_BYTES, limit - start - _HEADER_BYTES)
+            blob = reader.pread(following, start + _HEADER_BYTES)
+            if len(blob) < padded:
+                raise self._error(
+                    position,
+                    f"the file ends at byte {start + 8 + len(blob)}, inside this record; the "
+                    f"file is corrupt or truncated",
+                )
+            view = memoryview(blob)
+            if view[length:padded] != bytes(padded - length):
+                raise self._error(
+                    position,
+                    f"the padding bytes at {start + _HEADER_BYTES + length}-"
+                    f"{start + _HEADER_BYTES + padded - 1} are not zero; the length field at "
+                    f"byte {start + 4} ({length}) is corrupt",
+                )
+            inside = _aligned_magic(blob, length)
+            if inside >= 0:
+                # The writer splits a record at every 4-aligned magic number, so a chunk that
+                # holds one has swallowed a header: its length field is too large.
+                raise self._error(
+                    position,
+                    f"its chunk at byte {start} runs over a record header at byte "
+                    f"{start + _HEADER_BYTES + inside}; the length field ({length}) is corrupt",
+                )
+            chunks.append(view[:length])
+            header = view[padded:]
+            start = end
+            if flag in _LAST_FLAGS:
+                break
+            flags = _NEXT_FLAGS
+        if start < limit and not _starts_record(header):
+            # A sparse .idx lists only some records: the next one must start right here.
+            raise self._error(
+                position,
+                f"it ends at byte {start}, but no record header follows there and {where} "
+                f"at byte {limit}; its length field, or the header after it, is corrupt",
+            )
+        if len(chunks) == 1:
+            return bytes(chunks[0])
+        return _MAGIC_BYTES.join(chunks)
 
 
 def _header_label(header: Any) -> Union[np.float32, np.ndarray]:
@@ -459,6 +646,191 @@ class ImageRecordDataset(RecordDataset):
         if self._transform is not None:
             return self._transform(image, label)
         return image, label
+
+
+# ---------------------------------------------------------------------------------------------
+# Gluon's record datasets under thread workers
+
+
+class _ThreadRecordIO(mx.recordio.MXIndexedRecordIO):
+    """A read-only ``MXIndexedRecordIO`` that shares an already parsed index instead of
+    reading the ``.idx`` file again."""
+
+    def __init__(
+        self, idx_path: str, uri: str, idx: Dict[Any, int], keys: list, key_type: type
+    ) -> None:
+        self.idx_path = idx_path
+        self.key_type = key_type
+        self.fidx = None
+        self._shared = (idx, keys)
+        mx.recordio.MXRecordIO.__init__(self, uri, "r")  # opens, through open() below
+
+    def open(self) -> None:
+        mx.recordio.MXRecordIO.open(self)
+        self.idx, self.keys = self._shared
+
+    def close(self) -> None:
+        mx.recordio.MXRecordIO.close(self)
+
+
+class _PerThreadRecordIO:
+    """Stands in for the ``MXIndexedRecordIO`` of a Gluon record dataset: each thread reads
+    through its own handle, so one thread's seek cannot move another thread's read.
+
+    The index (``keys`` and ``idx``) is the original handle's, shared read-only. Any other
+    attribute is the calling thread's handle's.
+    """
+
+    def __init__(self, record: mx.recordio.MXIndexedRecordIO) -> None:
+        uri = record.uri.value if hasattr(record.uri, "value") else record.uri
+        self.uri = uri.decode("utf-8") if isinstance(uri, bytes) else str(uri)
+        self.idx_path = record.idx_path
+        self.idx = record.idx
+        self.keys = record.keys
+        self.key_type = record.key_type
+        self._local = threading.local()
+
+    def _handle(self) -> _ThreadRecordIO:
+        handle = getattr(self._local, "handle", None)
+        if handle is None:
+            handle = self._local.handle = _ThreadRecordIO(
+                self.idx_path, self.uri, self.idx, self.keys, self.key_type
+            )
+        return handle
+
+    def read_idx(self, key: Any) -> Optional[bytes]:
+        return self._handle().read_idx(key)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_local":
+            raise AttributeError(name)
+        return getattr(self._handle(), name)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        del state["_local"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+
+# Gluon's vision.ImageRecordDataset is a RecordFileDataset.
+_GLUON_RECORD_TYPES = (_gluon_dataset.RecordFileDataset,)
+
+
+def _refuse(dataset: Any, where: str, why: str) -> TypeError:
+    return TypeError(
+        f"{where} is a {type(dataset).__name__}, a Gluon record dataset whose one file handle "
+        f"threads would share, and shardloader cannot give it one handle per thread: {why}. "
+        f"Use shardloader.recordio.RecordDataset or shardloader.recordio.ImageRecordDataset, "
+        f"which any number of threads can read, or worker processes (thread_pool=False)"
+    )
+
+
+def _per_thread_copy(dataset: Any, where: str) -> Any:
+    """A shallow copy of a Gluon record dataset whose record handle is per thread."""
+    record = getattr(dataset, "_record", None)
+    if not isinstance(record, mx.recordio.MXIndexedRecordIO):
+        raise _refuse(
+            dataset, where, f"its _record is a {type(record).__name__}, not an MXIndexedRecordIO"
+        )
+    if record.flag != "r":
+        raise _refuse(dataset, where, f"its record file is open with flag {record.flag!r}")
+    if not hasattr(dataset, "__dict__") or hasattr(type(dataset), "__slots__"):
+        raise _refuse(dataset, where, "it cannot be copied attribute by attribute")
+    copy = object.__new__(type(dataset))
+    copy.__dict__.update(dataset.__dict__)
+    copy._record = _PerThreadRecordIO(record)
+    return copy
+
+
+# Gluon's dataset wrappers and the attribute that holds what they wrap.
+_WRAPPERS = (
+    (_gluon_dataset._LazyTransformDataset, "_data"),  # transform, transform_first
+    (_gluon_dataset._SampledDataset, "_dataset"),  # shard, take, sample
+    (_gluon_dataset._FilteredDataset, "_dataset"),  # filter
+    (_gluon_dataset.SimpleDataset, "_data"),
+)
+
+
+def _with(wrapper: Any, attribute: str, value: Any) -> Any:
+    copy = object.__new__(type(wrapper))
+    copy.__dict__.update(wrapper.__dict__)
+    setattr(copy, attribute, value)
+    return copy
+
+
+def _safe(dataset: Any, where: str, done: Dict[int, Any]) -> Any:
+    """``dataset``, or a copy with each Gluon record dataset in it given per-thread handles."""
+    if id(dataset) in done:
+        return done[id(dataset)]
+    result = dataset
+    if isinstance(dataset, RecordDataset):
+        pass  # ours: threads read it with pread
+    elif isinstance(dataset, _GLUON_RECORD_TYPES):
+        result = _per_thread_copy(dataset, where)
+    elif type(dataset) is _gluon_dataset.ArrayDataset:
+        parts = [_safe(part, f"{where}._data[{i}]", done) for i, part in enumerate(dataset._data)]
+        if any(new is not old for new, old in zip(parts, dataset._data)):
+            result = _with(dataset, "_data", parts)
+    else:
+        for wrapper_type, attribute in _WRAPPERS:
+            if type(dataset) is wrapper_type:
+                inner = getattr(dataset, attribute)
+                safe_inner = _safe(inner, f"{where}.{attribute}", done)
+                if safe_inner is not inner:
+                    result = _with(dataset, attribute, safe_inner)
+                break
+        else:
+            _refuse_hidden(dataset, where)
+    done[id(dataset)] = result
+    return result
+
+
+def _refuse_hidden(dataset: Any, where: str) -> None:
+    """Refuse a dataset of another kind that holds a Gluon record dataset in an attribute."""
+    attributes = getattr(dataset, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return
+    for name, value in attributes.items():
+        # A short list or tuple may hold datasets; a long one holds samples.
+        values = value if isinstance(value, (list, tuple)) and len(value) <= 64 else (value,)
+        for item in values:
+            if isinstance(item, _GLUON_RECORD_TYPES):
+                raise _refuse(
+                    item,
+                    f"{where}.{name}",
+                    f"it sits inside a {type(dataset).__name__}, which shardloader does not know "
+                    f"how to copy",
+                )
+
+
+def thread_safe(dataset: Any) -> Any:
+    """``dataset``, made safe to read from many threads at once if it holds Gluon's own record
+    datasets.
+
+    Gluon's ``RecordFileDataset`` and ``vision.ImageRecordDataset`` read through one
+    ``MXIndexedRecordIO`` handle, a seek followed by a read on one stream, so threads that
+    share it now and then get each other's records, without any error. This function finds
+    such datasets, also inside ``transform``, ``transform_first``, ``shard``, ``take``,
+    ``sample``, ``filter``, ``SimpleDataset`` and ``ArrayDataset``, and returns a shallow
+    copy of the whole chain in which each of them reads through one handle per thread. Their
+    samples are unchanged: Gluon's own ``__getitem__`` runs, on the same bytes.
+    ``ShardedDataLoader`` applies it by itself when ``thread_pool=True`` and
+    ``num_workers > 0``.
+
+    Anything else, this package's ``RecordDataset`` and ``ImageRecordDataset`` included,
+    comes back as the very same object.
+
+    Raises
+    ------
+    TypeError
+        For a Gluon record dataset this function cannot give per-thread handles, such as one
+        held by a dataset class it does not know. The message names where it is.
+    """
+    return _safe(dataset, "dataset", {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,14 +931,39 @@ def _resolve_paths(rec_path: PathLike, idx_path: Optional[PathLike]) -> Tuple[st
     return rec_path, idx_path
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` would, for every thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def _temporary_next_to(path: str) -> Tuple[int, str]:
+    """A new, empty file in ``path``'s directory, created exclusively under an unpredictable
+    name, so that nothing planted there (a symlink, another file) can be written through."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+
+
 def _write_records(
     rec_path: str, idx_path: str, records: Iterable[bytes], total: Optional[int], progress: bool
 ) -> None:
     """Write ``records`` under temporary names, then rename the pair into place."""
-    tmp_rec, tmp_idx = f"{rec_path}.{os.getpid()}.tmp", f"{idx_path}.{os.getpid()}.tmp"
-    writer = mx.recordio.MXIndexedRecordIO(tmp_idx, tmp_rec, "w")
+    temporaries = []
+    writer = None
     done = False
     try:
+        for path in (rec_path, idx_path):
+            temporaries.append(_temporary_next_to(path))
+        (rec_fd, tmp_rec), (idx_fd, tmp_idx) = temporaries
+        # MXNet's writer opens both files by name and truncates them: they are ours, created
+        # with O_EXCL, under names nobody could predict.
+        writer = mx.recordio.MXIndexedRecordIO(tmp_idx, tmp_rec, "w")
         bar = tqdm(
             records, total=total, disable=not progress, unit="rec", desc=os.path.basename(rec_path)
         )
@@ -583,15 +980,22 @@ def _write_records(
                     key=key,
                 ) from exc
         writer.close()
+        mode = 0o666 & ~_umask()  # mkstemp makes 0600 files; give them what open() would
+        for fd, _ in temporaries:
+            os.fchmod(fd, mode)
         os.replace(tmp_rec, rec_path)
         os.replace(tmp_idx, idx_path)
         done = True
     finally:
-        if not done:
+        if writer is not None:
             writer.close()
-            for path in (tmp_rec, tmp_idx):
-                if os.path.exists(path):
+        for fd, path in temporaries:
+            os.close(fd)
+            if not done:
+                try:
                     os.remove(path)
+                except FileNotFoundError:
+                    pass
 
 
 def _length(items: Any) -> Optional[int]:

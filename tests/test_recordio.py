@@ -3,6 +3,7 @@ and a clear error (never a hang, never garbage) for every kind of damaged file."
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import pickle
@@ -555,3 +556,483 @@ def test_other_formats_use_pack_img_with_cv2(tmp_path, monkeypatch):
     image, label = ImageRecordDataset(rec)[1]
     np.testing.assert_array_equal(image.asnumpy(), rgb[1])
     assert label == 2
+
+
+# -- Gluon's own record datasets under thread workers -----------------------------------------
+
+GLUON_EPOCHS = 30
+
+
+def gluon_label(label):
+    return np.float64(label)
+
+
+def as_samples(samples):
+    """Keep the samples one by one, as numpy, so that each can be checked."""
+    return [portable(sample) for sample in samples]
+
+
+def scaled(image):
+    return image.astype("float32") / 255
+
+
+def raw_and_length(record):
+    return record, len(record)
+
+
+@pytest.fixture(scope="module")
+def gluon_files(tmp_path_factory):
+    """A raw file and an image file, both written by mx.recordio's writer."""
+    folder = tmp_path_factory.mktemp("gluon")
+    rng = np.random.default_rng(7)
+    records = [rng.bytes(int(n)) for n in rng.integers(1, 600, size=240)]
+    raw_rec, _ = pack_records(folder / "raw.rec", records)
+    images = rng.integers(0, 256, size=(240, 6, 6, 3), dtype=np.uint8)
+    labels = np.arange(240) * 1.5
+    image_rec, _ = pack_images(folder / "images.rec", images, labels)
+    return types.SimpleNamespace(
+        raw=str(raw_rec), records=records, images_rec=str(image_rec), images=images, labels=labels
+    )
+
+
+def gluon_case(name, files):
+    """A Gluon record dataset, possibly wrapped, and what sample ``i`` must be."""
+    from mxnet.gluon.data import RecordFileDataset
+    from mxnet.gluon.data.vision import ImageRecordDataset as GluonImageRecordDataset
+
+    if name == "raw":
+        return RecordFileDataset(files.raw), lambda i: files.records[i]
+    if name == "raw.transform":
+        dataset = RecordFileDataset(files.raw).transform(raw_and_length)
+        return dataset, lambda i: (files.records[i], len(files.records[i]))
+    if name == "image":
+        dataset = GluonImageRecordDataset(files.images_rec)
+        return dataset, lambda i: (files.images[i], files.labels[i])
+    if name == "image.transform_first":
+        dataset = GluonImageRecordDataset(files.images_rec).transform_first(scaled)
+        return dataset, lambda i: (files.images[i] / np.float32(255), files.labels[i])
+    if name == "image.shard.transform":
+        dataset = (
+            GluonImageRecordDataset(files.images_rec)
+            .shard(2, 1)
+            .transform(lambda image, label: (image, label * 2))
+        )
+        return dataset, lambda i: (files.images[120 + i], files.labels[120 + i] * 2)
+    raise AssertionError(name)
+
+
+def assert_sample(got, expected):
+    if isinstance(expected, tuple):
+        assert isinstance(got, tuple) and len(got) == len(expected)
+        for a, b in zip(got, expected):
+            assert_sample(a, b)
+    elif isinstance(expected, np.ndarray):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    else:
+        assert got == expected
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "name", ["raw", "raw.transform", "image", "image.transform_first", "image.shard.transform"]
+)
+def test_gluon_record_datasets_read_right_under_four_threads(gluon_files, name, no_leaks):
+    dataset, expected = gluon_case(name, gluon_files)
+    order = np.random.default_rng(8).permutation(len(dataset))
+    wrong = []
+    with ShardedDataLoader(
+        dataset,
+        batch_size=4,
+        sampler=Order(order),
+        batchify_fn=as_samples,
+        num_workers=4,
+        thread_pool=True,
+        prefetch=16,
+    ) as loader:
+        for epoch in range(GLUON_EPOCHS):
+            samples = [sample for batch in loader for sample in batch]
+            assert len(samples) == len(dataset)
+            for i, sample in zip(order, samples):
+                try:
+                    assert_sample(sample, expected(int(i)))
+                except AssertionError:
+                    wrong.append((epoch, int(i)))
+    assert wrong == [], f"{len(wrong)} wrong samples, first {wrong[:5]}"
+
+
+def test_thread_safe_gives_gluon_datasets_a_handle_per_thread(gluon_files):
+    from mxnet.gluon.data import RecordFileDataset
+
+    from shardloader.recordio import thread_safe
+
+    original = RecordFileDataset(gluon_files.raw)
+    wrapped = original.transform(raw_and_length)
+    safe = thread_safe(wrapped)
+    assert safe is not wrapped and safe._fn is wrapped._fn
+    assert type(safe._data) is RecordFileDataset and safe._data is not original
+    assert original._record.is_open  # the user's dataset is untouched and still works
+    assert original[3] == gluon_files.records[3]
+
+    n = len(original)
+    with ThreadPoolExecutor(4) as pool:
+        chunks = [range(start, n, 4) for start in range(4)] * 10
+        results = list(pool.map(lambda chunk: [safe[i] for i in chunk], chunks))
+    for chunk, samples in zip(chunks, results):
+        assert samples == [(gluon_files.records[i], len(gluon_files.records[i])) for i in chunk]
+    assert thread_safe(original)[n - 1] == gluon_files.records[n - 1]
+
+
+def test_thread_safe_leaves_other_datasets_alone(raw_file, gluon_files):
+    from mxnet.gluon.data import ArrayDataset, RecordFileDataset, SimpleDataset
+
+    from shardloader.recordio import thread_safe
+
+    ours = RecordDataset(raw_file.rec)
+    for dataset in (
+        ours,
+        ours.transform_first(len),
+        ImageRecordDataset(gluon_files.images_rec).transform(lambda x, y: y).shard(3, 1),
+        ArrayDataset(np.arange(5), np.arange(5)),
+        SimpleDataset([b"a", b"b"]),
+        [1, 2, 3],
+        np.arange(4),
+    ):
+        assert thread_safe(dataset) is dataset
+
+    # Inside an ArrayDataset: replaced there, the other parts shared.
+    gluon = RecordFileDataset(gluon_files.raw)
+    labels = np.arange(len(gluon))
+    pair = ArrayDataset(gluon, labels)
+    safe = thread_safe(pair)
+    assert safe is not pair and safe._data[1] is labels and safe._data[0] is not gluon
+    assert safe[5] == (gluon_files.records[5], 5)
+
+    # The loader keeps the user's object when nothing changes, and for process workers.
+    with ShardedDataLoader(ours, batch_size=10, num_workers=2, thread_pool=True) as loader:
+        assert loader._dataset is ours
+    with ShardedDataLoader(gluon, batch_size=10, num_workers=0) as loader:
+        assert loader._dataset is gluon
+    with ShardedDataLoader(gluon, batch_size=10, num_workers=2, thread_pool=True) as loader:
+        assert loader._dataset is not gluon and type(loader._dataset) is RecordFileDataset
+
+
+class Holder(mx.gluon.data.Dataset):
+    """A dataset class shardloader does not know, holding a Gluon record dataset."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, idx):
+        return self.inner[idx]
+
+
+def test_a_gluon_record_dataset_that_cannot_be_made_safe_is_refused(gluon_files, no_leaks):
+    from mxnet.gluon.data import RecordFileDataset
+
+    from shardloader.recordio import thread_safe
+
+    hidden = Holder(RecordFileDataset(gluon_files.raw)).transform(len)
+    with pytest.raises(
+        TypeError,
+        match=r"dataset\._data\.inner is a RecordFileDataset.*"
+        r"shardloader\.recordio\.RecordDataset",
+    ):
+        thread_safe(hidden)
+    with pytest.raises(TypeError, match="Holder"):
+        ShardedDataLoader(hidden, batch_size=4, num_workers=2, thread_pool=True)
+    # With worker processes each has its own handle: nothing to refuse.
+    with ShardedDataLoader(hidden, batch_size=4, num_workers=0) as loader:
+        assert loader._dataset is hidden
+
+    odd = RecordFileDataset(gluon_files.raw)
+    odd._record = object()
+    with pytest.raises(TypeError, match="not an MXIndexedRecordIO"):
+        thread_safe(odd)
+
+
+# -- every single-bit flip in every record header -----------------------------------------------
+
+FLIP_RECORDS = [
+    b"",
+    b"a",
+    b"ab",
+    b"abc",
+    b"abcd",
+    b"abc\0",  # ends with a zero byte: a length one short cannot be told apart
+    b"ab\0\0",
+    b"x" * 9,
+    b"abcd" + MAGIC + b"efgh" + MAGIC + b"ij",  # three chunks: flags 1, 2, 3
+    MAGIC,  # two empty chunks
+    b"zz\0",
+    b"last",
+]
+
+
+def parse_recordio(data):
+    """A strict reading of a whole .rec file, independent of the code under test: the byte
+    offset and payload of every record, or None when the file is not valid RecordIO."""
+    records, pos = {}, 0
+    while pos < len(data):
+        start, chunks, flags = pos, [], (0, 1)
+        while True:
+            if pos + 8 > len(data):
+                return None
+            magic, word = struct.unpack_from("<II", data, pos)
+            flag, length = word >> 29, word & ((1 << 29) - 1)
+            padded = (length + 3) // 4 * 4
+            body = data[pos + 8 : pos + 8 + padded]
+            if magic != 0xCED7230A or flag not in flags or len(body) < padded:
+                return None
+            if any(body[length:]) or (flag in (1, 2) and length % 4):
+                return None
+            if any(body[i : i + 4] == MAGIC for i in range(0, length - 3, 4)):
+                return None  # the writer would have split the record here
+            chunks.append(body[:length])
+            pos += 8 + padded
+            if flag in (0, 3):
+                break
+            flags = (2, 3)
+        records[start] = MAGIC.join(chunks)
+    return records
+
+
+def header_offsets(data):
+    """The offset of every chunk header of a valid file."""
+    offsets, pos = [], 0
+    while pos < len(data):
+        offsets.append(pos)
+        pos += 8 + ((struct.unpack_from("<I", data, pos + 4)[0] & ((1 << 29) - 1)) + 3) // 4 * 4
+    return offsets
+
+
+@pytest.mark.parametrize("index_kind", ["full", "sparse"])
+def test_every_header_bit_flip_is_detected_or_leaves_valid_recordio(tmp_path, index_kind):
+    rec, idx = pack_records(tmp_path / "clean.rec", FLIP_RECORDS)
+    with open(rec, "rb") as f:
+        data = f.read()
+    assert parse_recordio(data) == dict(zip(offsets_of(idx), FLIP_RECORDS))
+    listed = list(range(len(FLIP_RECORDS)))
+    if index_kind == "sparse":  # every other record: an end is checked against the next header
+        listed = listed[::2]
+        with open(idx) as f:
+            lines = f.readlines()
+        with open(idx, "w") as f:
+            f.writelines(lines[i] for i in listed)
+    offsets = offsets_of(idx)
+    starts = sorted(parse_recordio(data))
+    record_end = [(starts + [len(data)])[starts.index(o) + 1] for o in offsets]
+    headers = header_offsets(data)
+    assert len(headers) == len(FLIP_RECORDS) + 3  # the magic words add three chunk headers
+
+    damaged_rec = tmp_path / "damaged.rec"
+    unseen = []
+    for header in headers:
+        owner = max(o for o in starts if o <= header)  # the record this header belongs to
+        owner_position = offsets.index(owner) if owner in offsets else None
+        for bit in range(64):  # the magic number, then the flag and length word
+            flipped = bytearray(data)
+            flipped[header + bit // 8] ^= 1 << (bit % 8)
+            damaged_rec.write_bytes(bytes(flipped))
+            dataset = RecordDataset(damaged_rec, idx)
+            failed = set()
+            for position, record_index in enumerate(listed):
+                original = FLIP_RECORDS[record_index]
+                try:
+                    got = dataset[position]
+                except RecordIOError as exc:
+                    assert (exc.path, exc.index) == (str(damaged_rec), position)
+                    assert f"record {position} (key {record_index}," in str(exc)
+                    failed.add(position)
+                    continue
+                if got == original:
+                    continue
+                # Not detected, so the damage must leave valid RecordIO that says exactly this:
+                # the length in the header of the record's last chunk moved within its last
+                # 4-byte word, over zero bytes.
+                unseen.append((header, bit, record_index))
+                parsed = parse_recordio(bytes(flipped))
+                assert parsed is not None, (header, bit, record_index, got)
+                assert parsed[offsets[position]] == got
+                assert position == owner_position and 32 <= bit < 34
+                assert header == max(h for h in headers if h < record_end[position])
+                shorter, longer = sorted([got, original], key=len)
+                assert longer == shorter + bytes(len(longer) - len(shorter))
+            if owner_position is not None and (header, bit) not in [u[:2] for u in unseen]:
+                assert failed == {owner_position}, (header, bit)
+            elif owner_position is None:
+                # A record the .idx leaves out: only the listed record before it can notice,
+                # when the damage leaves no record start right after it.
+                assert failed <= {offsets.index(max(o for o in offsets if o < owner))}
+            dataset.close()
+    # The only flips that cannot be seen, where the records are read: b"a" -> b"a\0" or
+    # b"a\0\0", b"ab" -> b"ab\0", b"x" * 9 -> plus two zeros, the "ij" chunk -> "ij\0", and
+    # b"zz\0" -> b"zz".
+    assert 0 < len(unseen) <= 8
+
+
+# -- writing safely ---------------------------------------------------------------------------
+
+
+def current_umask():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    raise AssertionError("no Umask line in /proc/self/status")
+
+
+def test_pack_records_does_not_follow_a_planted_symlink(tmp_path):
+    rec, idx = tmp_path / "data.rec", tmp_path / "data.idx"
+    victims = {}
+    for target in (rec, idx):
+        victim = tmp_path / f"victim-{target.suffix[1:]}"
+        victim.write_bytes(b"precious")
+        # The temporary names that the old pack_records used, planted in advance.
+        os.symlink(victim, f"{target}.{os.getpid()}.tmp")
+        victims[victim] = f"{target}.{os.getpid()}.tmp"
+
+    pack_records(rec, [b"one", b"two"])
+    pack_images(rec, [np.zeros((2, 2, 3), np.uint8)], [1])  # and again, over the first pair
+
+    for victim, link in victims.items():
+        assert victim.read_bytes() == b"precious"
+        assert os.readlink(link) == str(victim)
+    assert not rec.is_symlink() and not idx.is_symlink()
+    assert float(ImageRecordDataset(rec)[0][1]) == 1.0
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["data.rec", "data.idx", "victim-rec", "victim-idx"]
+        + [os.path.basename(v) for v in victims.values()]
+    )
+    for path in (rec, idx):  # the mode open() would give, not mkstemp's 0600
+        assert os.stat(path).st_mode & 0o777 == 0o666 & ~current_umask()
+
+
+def test_pack_records_replaces_a_symlink_at_the_target_instead_of_writing_through(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.symlink(victim, tmp_path / "link.rec")
+    pack_records(tmp_path / "link.rec", [b"x"])
+    assert victim.read_bytes() == b"precious"
+    assert not (tmp_path / "link.rec").is_symlink()
+    assert RecordDataset(tmp_path / "link.rec")[0] == b"x"
+
+
+# -- files that cannot be read ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["rec", "idx"])
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_path_that_is_not_a_regular_file_is_named(raw_file, tmp_path, which, kind):
+    rec, idx = copy_pair(raw_file, tmp_path)
+    target = rec if which == "rec" else idx
+    os.remove(target)
+    if kind == "directory":
+        os.mkdir(target)
+        expected = "is a directory, not a regular file"
+    else:
+        os.mkfifo(target)  # opening it for reading would wait for a writer forever
+        expected = "is a FIFO (named pipe), not a regular file"
+    with pytest.raises(RecordIOError, match=re.escape(f"{target}: the RecordIO")) as error:
+        RecordDataset(rec, idx)
+    assert expected in str(error.value) and error.value.path == str(target)
+
+
+def test_an_unreadable_file_is_named(raw_file, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads files whatever their permissions")
+    rec, idx = copy_pair(raw_file, tmp_path)
+    for target in (rec, idx):
+        os.chmod(target, 0)
+        try:
+            with pytest.raises(RecordIOError, match=re.escape(f"{target}: cannot open")):
+                RecordDataset(rec, idx)
+        finally:
+            os.chmod(target, 0o644)
+    dataset = RecordDataset(rec, idx)  # readable at construction, not when it reopens
+    os.chmod(rec, 0)
+    try:
+        with pytest.raises(RecordIOError, match=r"record 5 \(key 5.*cannot open.*denied"):
+            dataset[5]
+    finally:
+        os.chmod(rec, 0o644)
+    assert dataset[5] == raw_file.records[5]
+
+
+def test_a_read_error_is_named_by_record(raw_file, monkeypatch):
+    dataset = RecordDataset(raw_file.rec)
+    assert dataset[3] == raw_file.records[3]
+
+    def failing_pread(fd, size, offset):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "pread", failing_pread)
+    with pytest.raises(RecordIOError, match=r"raw\.rec: record 4 \(key 4.*Input/output error"):
+        dataset[4]
+    monkeypatch.undo()
+    assert dataset[4] == raw_file.records[4]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (f"0\t{1 << 64}\n", "line 1: byte offset 18446744073709551616 for key 0 is past the end"),
+        (f"0\t0\n{1 << 70}\t8\n", "line 2: key 1180591620717411303424 is out of the 64-bit"),
+        (f"0\t{(1 << 63) - 1}\n", "1 of 1 entries point past the end"),
+    ],
+)
+def test_huge_numbers_in_the_index_are_named(raw_file, tmp_path, content, message):
+    (tmp_path / "huge.idx").write_text(content)
+    with pytest.raises(RecordIOError, match=re.escape(message)):
+        RecordDataset(raw_file.rec, tmp_path / "huge.idx")
+
+
+def test_an_index_that_is_not_utf8_text_is_named(raw_file, tmp_path):
+    (tmp_path / "binary.idx").write_bytes(b"0\t0\n\xff\xfe\x00\x01\t8\n")
+    with pytest.raises(RecordIOError, match=r"binary\.idx, line 2: .*not UTF-8") as error:
+        RecordDataset(raw_file.rec, tmp_path / "binary.idx")
+    assert error.value.path == str(tmp_path / "binary.idx")
+
+
+def test_an_offset_that_is_not_a_multiple_of_4_is_named(raw_file, tmp_path):
+    offsets = offsets_of(raw_file.idx)
+    (tmp_path / "odd.idx").write_text(f"0\t{offsets[0]}\n1\t{offsets[20] + 2}\n")
+    dataset = RecordDataset(raw_file.rec, tmp_path / "odd.idx")
+    with pytest.raises(RecordIOError, match=r"record 1 \(key 1, .*not a multiple of 4"):
+        dataset[1]
+    assert dataset[0] == raw_file.records[0]
+
+
+def test_a_length_that_swallows_the_next_record_is_caught_with_a_sparse_index(tmp_path):
+    # Record 0 is 4 bytes; record 1 is empty (a bare 8-byte header). A length of 4 + 8 makes
+    # record 0 end exactly where record 2 starts, over record 1's header.
+    records = [b"abcd", b"", b"wxyz"]
+    rec, idx = pack_records(tmp_path / "s.rec", records)
+    offsets = offsets_of(idx)
+    (tmp_path / "sparse.idx").write_text(f"0\t{offsets[0]}\n2\t{offsets[2]}\n")
+    write_header(rec, offsets[0], length=12)
+    dataset = RecordDataset(rec, tmp_path / "sparse.idx")
+    with pytest.raises(RecordIOError, match=r"record 0 \(key 0.*runs over a record header"):
+        dataset[0]
+    assert dataset[1] == b"wxyz"
+
+
+def test_a_file_the_system_refuses_to_open_is_named(raw_file, monkeypatch):
+    """The same as chmod 000 for a user who is not root (tests may run as root)."""
+    real_open = os.open
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if os.fspath(path) == str(raw_file.rec):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    dataset = RecordDataset(raw_file.rec)
+    monkeypatch.setattr(os, "open", refusing_open)
+    with pytest.raises(RecordIOError, match=r"raw\.rec: cannot open the RecordIO file: Permiss"):
+        RecordDataset(raw_file.rec)
+    with pytest.raises(RecordIOError, match=r"record 2 \(key 2.*cannot open.*Permission denied"):
+        dataset[2]  # its first read opens the file
+    monkeypatch.undo()
+    assert dataset[2] == raw_file.records[2]
