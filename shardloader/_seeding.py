@@ -7,6 +7,7 @@ here, so it never depends on scheduling, worker count or pool type.
 from __future__ import annotations
 
 import random
+import threading
 from typing import Optional
 
 import numpy as np
@@ -47,12 +48,25 @@ def seed_python_and_numpy(value: int) -> None:
     np.random.seed(value)
 
 
+_reseeds = threading.local()
+
+
 def seed_mxnet(value: int) -> None:
-    """Seed MXNet's RNG. The call returns at once, but the engine then spends about a
-    millisecond reseeding its generators, which the next operator waits for."""
+    """Seed MXNet's RNG, with at most one reseed of this thread's still in the engine.
+
+    ``mx.random.seed`` returns in microseconds, but the engine then spends about 2 ms
+    reseeding its generators. Seeding faster than that (small batches) would queue reseeds
+    without bound: memory grows batch after batch, and every random operator waits behind
+    the queue. So each reseed is followed by a one-number draw that depends on it, and the
+    next reseed first waits for that draw: the cost is paid here, not deferred.
+    """
     import mxnet as mx
 
+    previous = getattr(_reseeds, "marker", None)
+    if previous is not None:
+        previous.wait_to_read()
     mx.random.seed(value)
+    _reseeds.marker = mx.nd.random.uniform(shape=(1,))
 
 
 def seed_all(value: int) -> None:

@@ -1,6 +1,6 @@
 """Shared-memory transport for process workers.
 
-Ownership protocol (invariant 4 of DESIGN.md: every segment has exactly one owner):
+Ownership protocol (docs/design.md, invariant 4: every segment has exactly one owner):
 
 * A worker owns a small *ring* of slots. A slot is an anonymous ``memfd`` segment, mapped
   once and reused batch after batch, so its pages are faulted in once, not per batch.
@@ -9,10 +9,14 @@ Ownership protocol (invariant 4 of DESIGN.md: every segment has exactly one owne
   time a slot travels, its file descriptor follows the message (``SCM_RIGHTS``); the main
   process maps it and closes the descriptor. The worker keeps its descriptor and maps the
   slot only while it fills it.
-* From then on the main process owns the slot's contents. It wraps the arrays as NDArrays
-  without a copy. When the last of them is garbage collected (the user dropped the batch),
-  a finalizer queues the slot id, and the next message to that worker hands it back (a
-  large slot goes at once, in a message of its own).
+* From then on the main process owns the slot's contents. It wraps the arrays as MXNet
+  arrays without a copy (``_alloc.as_ndarray``). When MXNet has released the last of them
+  and the user holds no numpy view either, a finalizer on the slot's buffer object queues
+  the slot id, and the next message to that worker hands it back (a large slot goes at
+  once, in a message of its own). MXNet's release never runs Python: it posts a semaphore
+  that Python threads poll (see ``_alloc``), so the finalizer always runs on a Python
+  thread that holds the GIL, never on an MXNet engine thread, and a ``fork()`` anywhere in
+  the process cannot deadlock on it (docs/design.md, invariant 7).
   A batch that is never handed to the user (early ``break``, error, ``close()``) is released
   the same way by whoever drops it.
 * Memory is freed when both mappings are gone: the worker drops a surplus free slot and says
@@ -33,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from ._alloc import as_ndarray
+from ._alloc import as_ndarray, reap_some
 
 _ALIGN = 64
 # Headroom over the last batch's size, so slightly larger batches reuse the slot.
@@ -44,23 +48,32 @@ _MIN_SLOT_BYTES = 1 << 16
 _EAGER_RELEASE_BYTES = 1 << 20
 # Free slots a worker keeps mapped for reuse; more are unmapped.
 _MAX_FREE_SLOTS = 2
+# A slot larger than this is not kept for reuse: the worker closes it once sent, and the main
+# process unmaps it when its batch is released, so a huge batch holds its memory once, not
+# once more in the ring (docs/failures.md, "Large batches"). Batches below it (an ImageNet
+# batch of 64 float32 images is 38.5 MB) reuse their slots and skip the page faults.
+MAX_KEPT_SLOT_BYTES = 256 << 20
 
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) & ~(_ALIGN - 1)
 
 
+# What the user receives for an array leaf of a batch.
+NUMPY, ND, NP = 0, 1, 2  # numpy.ndarray, mx.nd.NDArray, mx.np.ndarray
+
+
 class ArrayRef:
-    """Where one array of a batch lives: offset into the slot, shape, dtype, and whether
-    the user receives an NDArray (``as_nd``) or a numpy array."""
+    """Where one array of a batch lives: offset into the slot, shape, dtype, and what the
+    user receives (``kind``: ``NUMPY``, ``ND`` or ``NP``)."""
 
-    __slots__ = ("offset", "shape", "dtype", "as_nd")
+    __slots__ = ("offset", "shape", "dtype", "kind")
 
-    def __init__(self, offset: int, shape: Tuple[int, ...], dtype: str, as_nd: bool) -> None:
-        self.offset, self.shape, self.dtype, self.as_nd = offset, shape, dtype, as_nd
+    def __init__(self, offset: int, shape: Tuple[int, ...], dtype: str, kind: int) -> None:
+        self.offset, self.shape, self.dtype, self.kind = offset, shape, dtype, kind
 
     def __reduce__(self):
-        return ArrayRef, (self.offset, self.shape, self.dtype, self.as_nd)
+        return ArrayRef, (self.offset, self.shape, self.dtype, self.kind)
 
 
 def map_structure(obj: Any, fn: Callable[[Any], Any]) -> Any:
@@ -208,25 +221,33 @@ class SlotRing:
             self._free.append(self.current.id)
             self.current = None
 
-    def pack(self, result: Any, promoted: Dict[int, Any]) -> Tuple[Any, Optional[int], list]:
+    def pack(
+        self, result: Any, promoted: Dict[int, Any], numpy_array: bool = False
+    ) -> Tuple[Any, Optional[int], list]:
         """Turn a batch into ``(skeleton, slot_id, fds_to_send)``.
 
-        Every array leaf travels in the slot, never as pickled bytes: leaves that batchify
-        already stacked into the current slot become ``ArrayRef`` with no copy; other
-        numpy arrays and NDArrays are copied in once. If they don't fit, every array goes to
-        one new slot large enough for all of them. Only object arrays (strings, ...) and
-        non-array leaves are pickled.
+        Every dense array leaf travels in the slot, never as pickled bytes: leaves that
+        batchify already stacked into the current slot become ``ArrayRef`` with no copy;
+        other numpy arrays and MXNet arrays are copied in once. If they don't fit, every
+        array goes to one new slot large enough for all of them. Leaves whose bytes alone
+        would lose something are pickled instead: object and structured dtypes, numpy
+        subclasses (masked and record arrays) and sparse MXNet arrays. ``numpy_array``:
+        batchify's own outputs become ``mx.np.ndarray`` (numpy mode) rather than NDArray.
         """
         slot = self.current
         self.current = None
-        leaves: List[Tuple[Any, bool]] = []  # (array or NDArray, as_nd)
+        leaves: List[Tuple[Any, int]] = []  # (array or MXNet array, kind)
+        promoted_kind = NP if numpy_array else ND
 
         def collect(leaf):
-            if isinstance(leaf, np.ndarray) and not leaf.dtype.hasobject:
-                leaves.append((leaf, id(leaf) in promoted))
+            if type(leaf) is np.ndarray:
+                if leaf.dtype.hasobject or leaf.dtype.fields is not None:
+                    return leaf
+                leaves.append((leaf, promoted_kind if id(leaf) in promoted else NUMPY))
                 return _Pending(len(leaves) - 1)
-            if _is_ndarray(leaf):
-                leaves.append((leaf, True))
+            kind = _mxnet_kind(leaf)
+            if kind is not None:
+                leaves.append((leaf, kind))
                 return _Pending(len(leaves) - 1)
             return leaf
 
@@ -241,7 +262,7 @@ class SlotRing:
                 self._free.append(slot.id)
             slot = self._acquire(total)
         self._last_need = max(self._last_need, total) if self._last_need else total
-        refs = [self._place(slot, a, as_nd) for a, as_nd in leaves]
+        refs = [self._place(slot, a, kind) for a, kind in leaves]
         skeleton = map_structure(skeleton, lambda x: refs[x.i] if isinstance(x, _Pending) else x)
         fds = []
         if not slot.sent:
@@ -250,9 +271,17 @@ class SlotRing:
         return skeleton, slot.id, fds
 
     def unmap_sent(self, slot_id: int) -> None:
-        """The batch in this slot reached the main process: stop mapping it here."""
+        """The batch in this slot reached the main process: stop mapping it here. A slot
+        above ``MAX_KEPT_SLOT_BYTES`` is closed outright (the main process maps its own
+        copy of the descriptor), so its memory goes as soon as the main process unmaps it,
+        with no message back to this worker."""
         slot = self._slots.get(slot_id)
-        if slot is not None:
+        if slot is None:
+            return
+        if slot.capacity > MAX_KEPT_SLOT_BYTES:
+            self._slots.pop(slot_id).close()
+            self.dropped.append(slot_id)
+        else:
             slot.unmap()
 
     @staticmethod
@@ -270,19 +299,19 @@ class SlotRing:
             top = _align(top) + _nbytes(arr)
         return top <= slot.capacity
 
-    def _place(self, slot: _Slot, arr, as_nd: bool) -> ArrayRef:
+    def _place(self, slot: _Slot, arr, kind: int) -> ArrayRef:
         shape = tuple(arr.shape)
         dtype = np.dtype(arr.dtype)
         if isinstance(arr, np.ndarray) and self._in_slot(slot, arr):
             offset = arr.__array_interface__["data"][0] - slot.addr
-            return ArrayRef(offset, shape, dtype.str, as_nd)
+            return ArrayRef(offset, shape, dtype.str, kind)
         offset = slot.carve(_nbytes(arr))
         dst = slot.view(offset, shape, dtype)
         if isinstance(arr, np.ndarray):
             np.copyto(dst, arr)
         else:
             _copy_ndarray_into(arr, dst)
-        return ArrayRef(offset, shape, dtype.str, as_nd)
+        return ArrayRef(offset, shape, dtype.str, kind)
 
     def close(self) -> None:
         for slot in self._slots.values():
@@ -302,9 +331,14 @@ def _nbytes(arr) -> int:
     return math.prod(arr.shape) * np.dtype(arr.dtype).itemsize
 
 
-def _is_ndarray(obj) -> bool:
+def _mxnet_kind(obj) -> Optional[int]:
+    """``NP`` or ``ND`` for a dense MXNet array, else None (sparse ones are pickled)."""
     cls = type(obj)
-    return cls.__module__.startswith("mxnet.") and hasattr(obj, "asnumpy")
+    if not cls.__module__.startswith("mxnet.") or not hasattr(obj, "asnumpy"):
+        return None
+    if getattr(obj, "stype", "default") != "default":
+        return None
+    return NP if cls.__module__.startswith("mxnet.numpy") else ND
 
 
 # ----------------------------------------------------------------------------- main side
@@ -368,8 +402,9 @@ class _MappedSlot:
 class SlotTable:
     """The main process's view of every worker's slots.
 
-    Thread-safe for ``_released`` (finalizers may run on MXNet engine threads);
-    everything else runs on the thread that consumes batches.
+    Thread-safe for ``_released`` (finalizers run on whichever Python thread polls MXNet's
+    releases: the consumer or the background reaper); everything else runs on the thread
+    that consumes batches.
     """
 
     def __init__(self) -> None:
@@ -377,7 +412,7 @@ class SlotTable:
         self._releases: Dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._dead: Set[int] = set()
         self._urgent: Set[int] = set()
-        # Guards _slots: release callbacks can run on MXNet's engine threads.
+        # Guards _slots: release callbacks can run on the background reaper thread.
         self._lock = threading.RLock()
         self.bytes_delivered = 0
 
@@ -409,7 +444,8 @@ class SlotTable:
         base = np.frombuffer(buffer, dtype=np.uint8)
         # Every array of the batch keeps `buffer` alive; when the last one goes, so does
         # `buffer`, and the slot returns to its worker.
-        weakref.finalize(buffer, self._released, worker_key, slot_id, mapped)
+        # Not at exit: the arrays may still be read by MXNet operators until it shuts down.
+        weakref.finalize(buffer, self._released, worker_key, slot_id, mapped).atexit = False
         del buffer
         nbytes = [0]
 
@@ -419,7 +455,7 @@ class SlotTable:
                 n = math.prod(leaf.shape) * dtype.itemsize
                 nbytes[0] += n
                 arr = base[leaf.offset : leaf.offset + n].view(dtype).reshape(leaf.shape)
-                return as_ndarray(arr) if leaf.as_nd else arr
+                return as_ndarray(arr, leaf.kind == NP) if leaf.kind else arr
             return leaf
 
         batch = map_structure(skeleton, rebuild)
@@ -441,7 +477,12 @@ class SlotTable:
     def _released(self, worker_key: int, slot_id: int, mapped: _MappedSlot) -> None:
         with self._lock:
             mapped.busy = False
-            if worker_key in self._dead:
+            if mapped.capacity > MAX_KEPT_SLOT_BYTES:
+                # One-shot: the worker closed its side when it sent the batch.
+                if self._slots.get((worker_key, slot_id)) is mapped:
+                    del self._slots[(worker_key, slot_id)]
+                mapped.unmap()
+            elif worker_key in self._dead:
                 self._slots.pop((worker_key, slot_id), None)
                 mapped.unmap()
             elif self._slots.get((worker_key, slot_id)) is mapped:
@@ -453,6 +494,7 @@ class SlotTable:
 
     def urgent(self) -> List[int]:
         """Workers with a large released slot waiting to go back to them."""
+        reap_some()
         if not self._urgent:  # the common case, twice per batch: no lock, no list
             return []
         with self._lock:
@@ -460,6 +502,7 @@ class SlotTable:
         return keys
 
     def take_releases(self, worker_key: int) -> List[int]:
+        reap_some()
         self._urgent.discard(worker_key)
         queue = self._releases.get(worker_key)
         out: List[int] = []

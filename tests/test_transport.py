@@ -12,7 +12,7 @@ import pytest
 
 from shardloader import _alloc, batchify
 from shardloader._reorder import ReorderBuffer
-from shardloader._shm import ArrayRef, SlotRing, SlotTable
+from shardloader._shm import ND, ArrayRef, SlotRing, SlotTable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -147,12 +147,12 @@ def test_slot_returns_only_after_every_array_of_the_batch_is_gone():
 
 
 def test_array_ref_pickles_small():
-    ref = ArrayRef(128, (64, 3, 224, 224), "|u1", True)
+    ref = ArrayRef(128, (64, 3, 224, 224), "|u1", ND)
     again = pickle.loads(pickle.dumps(ref))
-    assert (again.offset, again.shape, again.dtype, again.as_nd) == (
+    assert (again.offset, again.shape, again.dtype, again.kind) == (
         128,
         (64, 3, 224, 224),
         "|u1",
-        True,
+        ND,
     )
     assert len(pickle.dumps(ref)) < 120

@@ -1,0 +1,80 @@
+"""Module-level datasets and batchify functions for tests/test_resources.py (they must
+pickle under spawn and be importable by worker processes)."""
+
+from __future__ import annotations
+
+import time
+
+import mxnet as mx
+import numpy as np
+
+from shardloader import DataLoader
+from shardloader.batchify import Stack
+
+
+class SlowDataset:
+    """Every sample takes ``seconds``."""
+
+    def __init__(self, n: int, seconds: float) -> None:
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return np.float32(i)
+
+
+class MemoizingDataset:
+    """Builds each sample with shardloader's own batchify and caches it, as a dataset that
+    precomputes features would: the cache must never be overwritten by later batches."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cache = {}
+        self.types = set()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if i not in self.cache:
+            value = Stack()([np.full(4, i, np.float32), np.full(4, i + 0.5, np.float32)])
+            self.types.add(type(value).__name__)
+            self.cache[i] = value
+        cached = self.cache[i]
+        return cached.asnumpy() if hasattr(cached, "asnumpy") else cached, type(cached).__name__
+
+
+class InnerLoaderDataset:
+    """Each sample runs a small loader of its own, inline or with process workers."""
+
+    def __init__(self, n: int, inner_workers: int) -> None:
+        self.n, self.inner_workers = n, inner_workers
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        inner = np.arange(6, dtype=np.float32) + i
+        try:
+            with DataLoader(inner, batch_size=3, num_workers=self.inner_workers) as loader:
+                batches = list(loader)
+        except RuntimeError as exc:
+            return np.float32(-1), str(exc)
+        return np.float32(sum(float(b.sum().asscalar()) for b in batches)), type(
+            batches[0]
+        ).__name__
+
+
+def sparse_batchify(samples):
+    dense = np.stack([s for s in samples]).astype(np.float32)
+    return mx.nd.sparse.csr_matrix(dense), mx.nd.sparse.row_sparse_array(dense)
+
+
+def odd_arrays_batchify(samples):
+    dense = np.stack(samples).astype(np.float32)
+    masked = np.ma.masked_less(dense, 2.0)
+    record = np.rec.fromarrays([dense[:, 0], dense[:, 1]], names="a,b")
+    return masked, record

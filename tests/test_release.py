@@ -1,0 +1,281 @@
+"""MXNet's release of batch memory never runs Python (docs/design.md, invariant 7).
+
+A Python deleter on MXNet's engine threads deadlocked every ``fork()`` that followed
+training (MXNet's fork handler waits for the engine while the forking thread holds the
+GIL), swallowed Ctrl-C, and crashed the interpreter at exit. The programs here run in a
+child process with a deadline, so a hang fails the test instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from shardloader import _alloc
+
+_DEADLINE_S = 90
+
+
+def _run(code: str, *args: str, deadline: float = _DEADLINE_S) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter; a hang past the deadline fails the test."""
+    script = textwrap.dedent(code)
+    try:
+        return subprocess.run(
+            [sys.executable, "-X", "faulthandler", "-c", script, *args],
+            capture_output=True,
+            text=True,
+            timeout=deadline,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"the program hung past {deadline}s; output so far:\n{exc.stdout}\n{exc.stderr}"
+        )
+
+
+_TRAIN_THEN_FORK = """
+    import multiprocessing as mp, os, sys
+    import numpy as np, mxnet as mx
+    from mxnet import autograd, gluon
+    from mxnet.gluon.data import ArrayDataset
+    from shardloader import DataLoader
+
+    mode = sys.argv[1]
+    kw = {"inline": {}, "thread": {"num_workers": 2, "thread_pool": True},
+          "process": {"num_workers": 2}}[mode]
+    X = np.random.rand(256, 3, 16, 16).astype("float32")
+    Y = (np.arange(256) % 10).astype("float32")
+    train = DataLoader(ArrayDataset(X, Y), batch_size=32, shuffle=True, **kw)
+    val = DataLoader(ArrayDataset(X, Y), batch_size=32, **kw)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Conv2D(8, 3, activation="relu"), gluon.nn.Flatten(), gluon.nn.Dense(10))
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for epoch in range(2):
+        for x, y in train:
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            trainer.step(x.shape[0])
+        # The batches just freed are still being released by MXNet's engine: every one of
+        # these forks used to deadlock here.
+        n = sum(1 for _ in val)
+        assert n == 8, n
+        with mp.get_context("fork").Pool(2) as pool:
+            assert pool.map(abs, [-1, -2]) == [1, 2]
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        assert os.waitpid(pid, 0)[1] >> 8 == 7
+        gluon_val = gluon.data.DataLoader(ArrayDataset(X, Y), batch_size=32, num_workers=2)
+        assert sum(1 for _ in gluon_val) == 8
+    train.close()
+    val.close()
+    print("done")
+"""
+
+
+@pytest.mark.timeout(_DEADLINE_S + 30)
+@pytest.mark.parametrize("mode", ["inline", "thread", "process"])
+def test_forks_after_training_do_not_deadlock(mode):
+    proc = _run(_TRAIN_THEN_FORK, mode)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("done")
+
+
+_EXIT_WITH_PENDING_WORK = """
+    import sys
+    import numpy as np, mxnet as mx
+    from mxnet import gluon
+    from mxnet.gluon.data import ArrayDataset
+    from shardloader import DataLoader
+
+    X = np.random.rand(64, 3, 8, 8).astype("float32")
+    net = gluon.nn.Dense(10)
+    net.initialize()
+    loader = DataLoader(ArrayDataset(X, np.arange(64)), batch_size=8, num_workers=2)
+    for x, y in loader:
+        out = net(x)  # still running when the interpreter exits
+    if sys.argv[1] == "close":
+        loader.close()
+    print("done")
+"""
+
+
+@pytest.mark.timeout(_DEADLINE_S + 30)
+@pytest.mark.parametrize("how", ["close", "leave-open"])
+def test_exit_while_mxnet_still_reads_a_batch(how):
+    """Exit-time finalizers used to unmap slots that MXNet operators were still reading."""
+    for _ in range(3):
+        proc = _run(_EXIT_WITH_PENDING_WORK, how)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Segmentation fault" not in proc.stderr, proc.stderr
+        assert "terminate called" not in proc.stderr, proc.stderr
+
+
+_CTRL_C = """
+    import os, random, signal, threading, time
+    import numpy as np
+    from mxnet import autograd, gluon
+    from mxnet.gluon.data import ArrayDataset
+    from shardloader import DataLoader
+
+    X = np.random.rand(512, 3, 8, 8).astype("float32")
+    Y = (np.arange(512) % 10).astype("float32")
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = random.Random(0)
+    loader = DataLoader(ArrayDataset(X, Y), batch_size=16, shuffle=True, num_workers=2)
+    interrupts = 0
+    for attempt in range(int(os.environ["ATTEMPTS"])):
+        sent = []
+        delay = rng.uniform(0.0, 0.3)
+
+        def interrupt():
+            time.sleep(delay)
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+        # A fresh net each time: an interrupt inside backward() leaves autograd half done.
+        net = gluon.nn.Dense(10)
+        net.initialize()
+        trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
+        waker = threading.Thread(target=interrupt)
+        try:
+            waker.start()  # inside the try: the interrupt may land before start() returns
+            while True:  # train until the interrupt lands, wherever it lands
+                for x, y in loader:
+                    with autograd.record():
+                        loss = loss_fn(net(x), y)
+                    loss.backward()
+                    trainer.step(x.shape[0])
+        except KeyboardInterrupt:
+            # Scaffolding for the next attempt: an interrupt inside autograd.record() can
+            # leave MXNet recording (a real program would just end here).
+            autograd.set_recording(False)
+            autograd.set_training(False)
+            late = time.monotonic() - sent[0]
+            assert late < 2.0, f"the first Ctrl-C took {late:.2f}s to arrive"
+            interrupts += 1
+        waker.join()
+    loader.close()
+    print("interrupts", interrupts)
+"""
+
+
+@pytest.mark.timeout(_DEADLINE_S + 30)
+def test_first_ctrl_c_always_interrupts_the_training_loop():
+    """Each SIGINT, sent at a random point of a training loop, ends it with
+    KeyboardInterrupt at once: none is swallowed in a deleter callback."""
+    attempts = 25
+    env = dict(os.environ, ATTEMPTS=str(attempts))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CTRL_C)],
+        capture_output=True,
+        text=True,
+        timeout=_DEADLINE_S,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"interrupts {attempts}" in proc.stdout
+    assert "Exception ignored" not in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ the lease itself
+
+
+def _settle(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        gc.collect()
+        _alloc.reap_some()
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_wrapped_buffer_lives_until_mxnet_releases_it(no_thread_leak):
+    buf = np.arange(12, dtype=np.float32).reshape(3, 4)
+    alive = []
+    import weakref
+
+    wrapped = _alloc.as_ndarray(buf)
+    weakref.finalize(buf, alive.append, "freed")
+    del buf
+    view = wrapped[1:3]  # shares the memory
+    pending = mx.nd.dot(wrapped, wrapped.T)  # an operator that reads it
+    del wrapped
+    gc.collect()
+    assert view.asnumpy().tolist() == [[4, 5, 6, 7], [8, 9, 10, 11]]
+    assert not _settle(lambda: alive, timeout=0.3), "released while a view still used it"
+    del view
+    pending.wait_to_read()
+    del pending
+    assert _settle(lambda: alive == ["freed"]), "never released"
+
+
+def test_release_is_a_libc_call_not_a_python_callback():
+    """The deleter MXNet calls is libc's sem_post: no Python, no GIL."""
+    wrapped = _alloc.as_ndarray(np.ones(4, np.float32))
+    lease = _alloc._registry._leases[-1].lease
+    assert lease.deleter == _alloc._registry._native.sem_post_addr
+    del wrapped
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "uint8", "int8", "int32"])
+def test_wrapped_arrays_keep_values_and_dtype(dtype):
+    src = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
+    for numpy_array in (False, True):
+        out = _alloc.as_ndarray(src.copy(), numpy_array)
+        assert isinstance(out, mx.np.ndarray if numpy_array else mx.nd.NDArray)
+        assert out.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(out.asnumpy(), src)
+
+
+def test_the_background_reaper_stops_when_nothing_is_leased(no_thread_leak):
+    out = _alloc.as_ndarray(np.ones(8, np.float32))
+    assert any(t.name == "shardloader-release" for t in __import__("threading").enumerate())
+    del out
+    assert _settle(lambda: _alloc._registry.pending == 0)
+
+
+def test_a_forked_child_can_still_use_and_release_wrapped_arrays():
+    out = _alloc.as_ndarray(np.arange(5, dtype=np.float32))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            code = 0 if out.asnumpy().tolist() == [0, 1, 2, 3, 4] else 3
+            _alloc.reap_some()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    del out
+
+
+def test_interrupts_are_not_ignored_in_the_parent(no_thread_leak):
+    """A KeyboardInterrupt raised while many wrapped arrays are freed reaches the caller."""
+    arrays = [_alloc.as_ndarray(np.ones(16, np.float32)) for _ in range(200)]
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        with pytest.raises(KeyboardInterrupt):
+            while True:
+                arrays.append(_alloc.as_ndarray(np.ones(16, np.float32)))
+                del arrays[0]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    del arrays
+    assert _settle(lambda: _alloc._registry.pending == 0)
