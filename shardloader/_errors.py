@@ -104,24 +104,85 @@ def describe_exitcode(exitcode: Optional[int]) -> str:
 
 
 def short_indices(indices: Optional[Sequence], limit: int = 16) -> str:
-    """A bounded textual form of a batch's sample indices for error messages."""
+    """A bounded textual form of a batch's sample indices for error messages. Never raises:
+    a sampler may have yielded something that is not a list at all."""
     if indices is None:
         return "?"
-    flat = list(indices)
+    try:
+        flat = list(indices)
+    except Exception:  # noqa: BLE001 - a bare int, or anything else a sampler yielded
+        return _safe_repr(indices)
     if len(flat) <= limit:
-        return str(flat)
-    return f"{flat[:limit]}... ({len(flat)} in all)"
+        return _safe_repr(flat)
+    return f"{_safe_repr(flat[:limit])}... ({len(flat)} in all)"
+
+
+def _safe_repr(obj) -> str:
+    try:
+        return repr(obj)
+    except Exception as err:  # noqa: BLE001 - only for an error message
+        return f"<{type(obj).__name__} object (repr() raised {type(err).__name__})>"
+
+
+def _safe_str(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying that it raised: an exception whose ``__str__`` fails
+    must still reach the training loop."""
+    try:
+        return str(exc)
+    except BaseException as err:  # noqa: BLE001 - __str__ may raise anything
+        return f"<str() of the {type(exc).__name__} raised {type(err).__name__}>"
+
+
+def _format_traceback(exc: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException as err:  # noqa: BLE001 - formatting must not lose the error
+        return (
+            f"{type(exc).__name__}: {_safe_str(exc)}\n"
+            f"(its traceback could not be formatted: {type(err).__name__})\n"
+        )
+
+
+def _as_index_list(indices):
+    """A batch's indices as a list when they are iterable; otherwise as given."""
+    if indices is None:
+        return None
+    try:
+        return list(indices)
+    except Exception:  # noqa: BLE001 - a bare int from a bad batch sampler
+        return indices
+
+
+# Exceptions that must never be raised from an iterator's __next__ on a worker's behalf:
+# the for loop would take them for the end of the epoch.
+_ENDS_ITERATION = (StopIteration, StopAsyncIteration)
+
+
+def resolve_class(module: str, qualname: str):
+    """Import ``module`` and look up ``qualname`` in it, as unpickling does; raises what the
+    import or lookup raises."""
+    import importlib
+
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 class RemoteError:
     """A picklable record of an exception raised in a worker.
 
     Built in the worker with ``capture``, sent home, and turned back into an exception
-    with ``rebuild`` in the process that consumes the batch.
+    with ``rebuild`` in the process that consumes the batch. The exception's class crosses
+    as its module and qualified name, not as a pickled class, so a class that only the
+    worker can import does not make the record itself impossible to unpickle: ``rebuild``
+    then raises a ``WorkerError`` that names the class.
     """
 
     __slots__ = (
         "exc_type",
+        "type_module",
+        "type_qualname",
         "type_name",
         "message",
         "traceback_text",
@@ -129,9 +190,26 @@ class RemoteError:
         "seq",
         "indices",
     )
+    # What crosses a process boundary: the class object itself stays behind.
+    _STATE = __slots__[1:]
 
-    def __init__(self, exc_type, type_name, message, traceback_text, worker_id, seq, indices):
+    def __init__(
+        self,
+        exc_type,
+        type_name,
+        message,
+        traceback_text,
+        worker_id,
+        seq,
+        indices,
+        type_module=None,
+        type_qualname=None,
+    ):
         self.exc_type = exc_type
+        if exc_type is not None and type_module is None:
+            type_module, type_qualname = exc_type.__module__, exc_type.__qualname__
+        self.type_module = type_module
+        self.type_qualname = type_qualname
         self.type_name = type_name
         self.message = message
         self.traceback_text = traceback_text
@@ -140,10 +218,11 @@ class RemoteError:
         self.indices = indices
 
     def __getstate__(self):
-        return tuple(getattr(self, k) for k in self.__slots__)
+        return tuple(getattr(self, k) for k in self._STATE)
 
     def __setstate__(self, state):
-        for key, value in zip(self.__slots__, state):
+        self.exc_type = None  # looked up by name when rebuilt
+        for key, value in zip(self._STATE, state):
             setattr(self, key, value)
 
     @classmethod
@@ -154,19 +233,25 @@ class RemoteError:
         seq: Optional[int],
         indices: Optional[Sequence],
     ) -> RemoteError:
-        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        """Record ``exc``. Never raises, whatever ``exc`` does in ``__str__`` and whatever
+        the batch sampler yielded as ``indices``."""
         exc_type = type(exc)
-        # Only send the class if the other side can import it by name.
-        if exc_type.__qualname__ != exc_type.__name__ or exc_type.__module__ == "__main__":
-            exc_type = None
+        name = getattr(exc_type, "__name__", "exception")
+        module = getattr(exc_type, "__module__", None)
+        qualname = getattr(exc_type, "__qualname__", name)
+        # Only name the class if the other side can import it by that name.
+        if qualname != name or module in (None, "__main__"):
+            exc_type, module, qualname = None, None, None
         return cls(
             exc_type,
-            type(exc).__name__,
-            str(exc),
-            text,
+            name,
+            _safe_str(exc),
+            _format_traceback(exc),
             worker_id,
             seq,
-            list(indices) if indices is not None else None,
+            _as_index_list(indices),
+            module,
+            qualname,
         )
 
     def describe(self) -> str:
@@ -178,18 +263,37 @@ class RemoteError:
             f"{self.traceback_text.rstrip()}"
         )
 
+    def _class(self):
+        """``(class, None)``, or ``(None, why it cannot be used)``."""
+        if self.exc_type is not None:
+            return self.exc_type, None
+        if self.type_module is None:
+            return None, None
+        try:
+            cls = resolve_class(self.type_module, self.type_qualname)
+        except Exception as err:  # noqa: BLE001 - any failure to import means "cannot"
+            return None, (
+                f"its class {self.type_module}.{self.type_qualname} cannot be imported in "
+                f"this process ({type(err).__name__}: {_safe_str(err)})"
+            )
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            return None, f"{self.type_module}.{self.type_qualname} is not an exception class"
+        return cls, None
+
     def rebuild(self) -> BaseException:
-        """The exception to raise in the consumer: the original type if possible."""
+        """The exception to raise in the consumer: the original type if possible, else a
+        ``WorkerError`` with the same message."""
         message = self.describe()
+        cls, why = self._class()
         error = None
-        if self.exc_type is not None and issubclass(self.exc_type, Exception):
-            try:
-                error = self.exc_type(message)
-            except Exception:
-                error = None
-            if error is not None and not isinstance(error, self.exc_type):
-                error = None
+        if cls is not None:
+            if issubclass(cls, _ENDS_ITERATION):
+                why = f"a {cls.__name__} raised in the training loop would end the epoch early"
+            else:
+                error, why = _instantiate(cls, message)
         if error is None:
+            if why:
+                message = f"{message}\n(Raised as WorkerError: {why}.)"
             error = WorkerError(
                 message,
                 worker_id=self.worker_id,
@@ -207,3 +311,33 @@ class RemoteError:
         except AttributeError:
             pass
         return error
+
+
+def _instantiate(cls, message: str):
+    """``(cls(message), None)`` if that builds an instance whose ``str()`` works, else
+    ``(None, why not)``. A constructor that needs other arguments is not worth a note: the
+    message says which class was caught."""
+    try:
+        error = cls(message)
+    except Exception:  # noqa: BLE001 - a constructor that needs other arguments
+        return None, None
+    if not isinstance(error, cls):
+        return None, None
+    try:
+        str(error)
+    except Exception as err:  # noqa: BLE001 - its __str__ is broken: WorkerError says it
+        return None, f"str() of a {cls.__name__} raises {type(err).__name__}"
+    return error, None
+
+
+class ReadyError:
+    """A result payload that carries an exception made in the consuming process itself
+    (a batch that arrived but could not be unpickled there); ``rebuild`` returns it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def rebuild(self) -> BaseException:
+        return self.error

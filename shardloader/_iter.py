@@ -1,6 +1,6 @@
 """One epoch of batches: inline, or over a worker pool with a reorder buffer.
 
-Invariants (DESIGN.md), each enforced here and nowhere else:
+Invariants (docs/design.md), each enforced here and nowhere else:
 
 1. Batches come out in sampler order: results go through a ``ReorderBuffer`` keyed by
    sequence number.
@@ -12,6 +12,7 @@ Invariants (DESIGN.md), each enforced here and nowhere else:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 import weakref
@@ -59,6 +60,8 @@ class Stats:
         self.worker_busy_s: Dict[int, float] = {}
         self.max_reorder_depth = 0
         self.reorder_depth = 0
+        # Samples the batch sampler repeated to fill a step; the sampler adds to it.
+        self.repeated_samples = 0
 
     def snapshot(self) -> Dict[str, Any]:
         started = self.started if self.started is not None else time.perf_counter()
@@ -73,6 +76,7 @@ class Stats:
             "worker_busy_s": dict(self.worker_busy_s),
             "reorder_depth": self.reorder_depth,
             "max_reorder_depth": self.max_reorder_depth,
+            "repeated_samples": self.repeated_samples,
         }
 
 
@@ -100,8 +104,25 @@ class Hub:
             return 1
         return max(1, limit // self.pool.num_workers)
 
+    def submit(self, task: Task) -> None:
+        with self._io():
+            self.pool.submit(task)
+
+    @contextlib.contextmanager
+    def _io(self) -> Iterator[None]:
+        """Pool I/O that an exception (Ctrl-C above all) interrupts may leave a message half
+        sent or half read: the pool's pipes are then out of step, so it is never used
+        again (the next epoch starts fresh workers)."""
+        try:
+            yield
+        except BaseException as exc:
+            if self.broken is None:
+                self.broken = exc
+            raise
+
     def pump(self, timeout: float) -> None:
-        results, lost = self.pool.poll(timeout)
+        with self._io():
+            results, lost = self.pool.poll(timeout)
         for r in results:
             busy = self.stats.worker_busy_s
             busy[r.worker_id] = busy.get(r.worker_id, 0.0) + r.busy_s
@@ -119,33 +140,60 @@ class Hub:
             self._handle_death(death)
 
     def _handle_death(self, death: WorkerLost) -> None:
+        """A worker died (a process) or stopped on an error outside a batch (a thread).
+        With ``on_worker_death='restart'`` a process is replaced and its batches re-sent;
+        otherwise, or when that fails, every open epoch fails with ``WorkerDiedError`` and
+        the pool is marked broken, so the next epoch starts a new one. Nothing in here may
+        leave a pool short of a worker without saying so."""
         lost = [(t.gen, s, i) for t in death.tasks for s, i in t.batches]
         for gen, seq, _ in lost:
             self._losses[(gen, seq)] = self._losses.get((gen, seq), 0) + 1
         retry = all(self._losses[(g, s)] <= _MAX_RESTARTS_PER_BATCH for g, s, _ in lost)
-        if self.on_worker_death == "restart" and retry and not self.pool.closed:
-            self.pool.restart(death.worker_id)
-            for task in death.tasks:
-                if task.gen in self.routes:
-                    self.pool.submit(task)
+        if self.on_worker_death == "restart" and retry and self.pool.can_restart:
+            try:
+                self.pool.restart(death.worker_id)
+                for task in death.tasks:
+                    if task.gen in self.routes:
+                        self.submit(task)
+            except BaseException as exc:
+                self.broken = exc  # the pool is short of a worker: rebuild it
+                for epoch in list(self.routes.values()):
+                    epoch._fail(exc)
+                raise
             return
-        how = describe_exitcode(death.exitcode)
         what = ", ".join(f"batch {s} (indices {short_indices(i)})" for _, s, i in lost[:4])
-        if retry:
-            advice = (
-                "The pool will be rebuilt for the next epoch; pass "
-                "on_worker_death='restart' to replace the worker and finish the epoch."
+        traceback_text = ""
+        if death.error is not None:  # a thread worker: it raised outside any batch
+            traceback_text = death.error.traceback_text
+            message = (
+                f"thread worker {death.worker_id} stopped: {death.where} raised "
+                f"{death.error.type_name}: {death.error.message}. It owed "
+                f"{what or 'no batch'}. The pool will be rebuilt for the next epoch (a "
+                f"thread is not restarted, whatever on_worker_death says).\n"
+                f"Original traceback (most recent call last, in the worker):\n"
+                f"{traceback_text.rstrip()}"
             )
         else:
-            advice = (
-                f"That batch killed a worker {_MAX_RESTARTS_PER_BATCH + 1} times, so it was "
-                f"not retried again: the fault is in loading it, not in the worker."
+            if retry:
+                advice = (
+                    "The pool will be rebuilt for the next epoch; pass "
+                    "on_worker_death='restart' to replace the worker and finish the epoch."
+                )
+            else:
+                advice = (
+                    f"That batch killed a worker {_MAX_RESTARTS_PER_BATCH + 1} times, so it "
+                    f"was not retried again: the fault is in loading it, not in the worker."
+                )
+            if death.exitcode == -9:
+                advice += (
+                    " A SIGKILL often means the OOM killer: reduce num_workers, prefetch or "
+                    "batch_size."
+                )
+            message = (
+                f"worker {death.worker_id} (pid {death.pid}) "
+                f"{describe_exitcode(death.exitcode)} while loading {what or 'no batch'}. "
+                f"{advice}"
             )
-        message = (
-            f"worker {death.worker_id} (pid {death.pid}) {how} while loading "
-            f"{what or 'no batch'}. {advice} A SIGKILL often means the OOM killer: reduce "
-            f"num_workers, prefetch or batch_size."
-        )
         error = WorkerDiedError(
             message,
             pid=death.pid,
@@ -153,6 +201,7 @@ class Hub:
             worker_id=death.worker_id,
             seq=lost[0][1] if lost else None,
             indices=lost[0][2] if lost else None,
+            remote_traceback=traceback_text,
         )
         self.broken = error
         for epoch in list(self.routes.values()):
@@ -231,7 +280,7 @@ class PooledEpoch:
                     f"internal error: {self._in_flight()} batches in flight, "
                     f"more than the bound {self._limit}"
                 )
-            self._hub.pool.submit(Task(self._gen, self._epoch, batches))
+            self._hub.submit(Task(self._gen, self._epoch, batches))
 
     # -- iteration
     def __iter__(self) -> PooledEpoch:
@@ -269,6 +318,8 @@ class PooledEpoch:
         while not buffer.ready():
             if self._error is not None:
                 raise self._error
+            if self._closed:  # closed by another thread while this one waited
+                raise ClosedIteratorError("the loader iterator was closed while waiting")
             _, indices = self._sent.get(seq, (None, None))
             if self._timeout is not None:
                 elapsed = time.monotonic() - started
@@ -359,13 +410,15 @@ def walk_nbytes(batch: Any) -> int:
         return sum(walk_nbytes(b) for b in batch)
     if isinstance(batch, dict):
         return sum(walk_nbytes(b) for b in batch.values())
+    if getattr(batch, "stype", "default") != "default":  # sparse: its stored values
+        return walk_nbytes(batch.data)
     size = getattr(batch, "size", None)
     dtype = getattr(batch, "dtype", None)
     if size is None or dtype is None:
         return 0
     try:
         return int(size) * np.dtype(dtype).itemsize
-    except TypeError:
+    except (TypeError, NotImplementedError):
         return 0
 
 

@@ -11,10 +11,16 @@ while the interpreter is finalizing.
 
 Nothing here blocks indefinitely: every wait has a timeout, after which the caller checks
 its own stop conditions and whether workers are alive.
+
+A pool that has lost a worker it did not replace reports itself ``closed``, so the loader
+never keeps a pool with fewer workers than it asked for (or none at all): the next epoch
+starts a fresh one.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import itertools
 import multiprocessing as mp
 import os
@@ -27,7 +33,7 @@ import weakref
 from multiprocessing import connection, reduction
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ._errors import RemoteError
+from ._errors import ReadyError, RemoteError, WorkerError, short_indices
 from ._shm import SlotTable
 from ._worker import (
     BatchMaker,
@@ -45,6 +51,10 @@ _TERMINATE_TIMEOUT_S = 1.0
 _THREAD_POLL_INTERVAL_S = 0.1
 
 _worker_keys = itertools.count()
+
+# Every open process pool in this process: their pipes are what a forked worker must let go
+# of (see _worker._forget_inheritance).
+_live_pools: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
 
 
 class Task(NamedTuple):
@@ -66,12 +76,15 @@ class Result(NamedTuple):
 
 
 class WorkerLost(NamedTuple):
-    """A worker process that ended while it owed batches."""
+    """A worker that ended while it owed batches: a process that exited or was killed, or
+    a thread that stopped on an error outside any batch (``error``, its record)."""
 
     worker_id: int
     pid: Optional[int]
     exitcode: Optional[int]
     tasks: List[Task]
+    error: Optional[RemoteError] = None
+    where: str = ""  # for a thread: what it was doing when it stopped
 
 
 def _fresh_entropy() -> int:
@@ -133,8 +146,10 @@ class ProcessPool:
         worker_init_fn: Optional[Callable],
         start_method: str,
         mxnet_per_sample: bool = False,
+        numpy_flags: Optional[Tuple[bool, bool]] = None,
     ) -> None:
         self._mxnet_per_sample = mxnet_per_sample
+        self._numpy_flags = numpy_flags
         self.num_workers = num_workers
         self._dataset = dataset
         self._batchify_fn = batchify_fn
@@ -148,17 +163,24 @@ class ProcessPool:
         self._lock = threading.RLock()
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown_processes, self._workers, self._table)
+        _live_pools.add(self)
         for worker_id in range(num_workers):
             self._spawn(worker_id)
 
     # -- lifecycle
     def _spawn(self, worker_id: int, entropy: Optional[int] = None) -> None:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        # A forked worker inherits the main process's ends of its siblings' pipes; it
-        # closes them so that only the main process holds them.
-        siblings = [w.conn.fileno() for w in self._workers.values()]
-        if self._ctx.get_start_method() != "fork":
-            siblings = []
+        method = self._ctx.get_start_method()
+        # A forked worker inherits the main process's ends of every pool's pipes (its own
+        # included) and its mappings of every pool's slots: it lets go of them at once, so
+        # that closing a pool frees its memory and its workers see the end of their pipes.
+        foreign_fds = _inherited_fds(parent_conn) if method == "fork" else []
+        # The parent-death signal follows the thread that forks: only a thread that lives as
+        # long as the process (the main thread; a forkserver's) may arm it. Every worker
+        # also watches the main process itself (see _worker).
+        death_signal = method == "forkserver" or (
+            threading.current_thread() is threading.main_thread()
+        )
         process = self._ctx.Process(
             target=process_worker_main,
             args=(
@@ -172,8 +194,13 @@ class ProcessPool:
                 self._entropy if entropy is None else entropy,
                 self._worker_init_fn,
                 os.getpid(),
-                siblings,
+                foreign_fds,
                 self._mxnet_per_sample,
+                self._numpy_flags,
+            ),
+            kwargs=dict(
+                death_signal=death_signal,
+                forked_by_parent=method != "forkserver",
             ),
             name=f"shardloader-worker-{worker_id}",
             daemon=True,
@@ -205,11 +232,19 @@ class ProcessPool:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed, or missing a worker that died and was not replaced: either way the pool
+        cannot serve another epoch, and the loader starts a new one."""
+        return self._closed or len(self._workers) < self.num_workers
+
+    @property
+    def can_restart(self) -> bool:
+        """Whether ``restart`` may replace a dead worker (not after ``close()``)."""
+        return not self._closed
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            _live_pools.discard(self)
             self._finalizer()
 
     def pids(self) -> List[int]:
@@ -219,6 +254,10 @@ class ProcessPool:
     def submit(self, task: Task) -> int:
         """Send ``task`` to the least-loaded worker; returns that worker's id."""
         with self._lock:
+            if not self._workers:
+                # Every worker died, and each death failed the open epochs already: the
+                # task has nowhere to go, and poll() refuses to wait on nothing.
+                return -1
             w = min(self._workers.values(), key=lambda w: (len(w.tasks), w.id))
             released = self._table.take_releases(w.key)
             w.tasks[(task.gen, task.batches[0][0])] = task
@@ -247,6 +286,11 @@ class ProcessPool:
     def poll(self, timeout: float) -> Tuple[List[Result], List[WorkerLost]]:
         """Wait up to ``timeout`` seconds for results or worker deaths."""
         with self._lock:
+            if not self._workers:
+                raise WorkerError(
+                    "the worker pool has no live workers left (their deaths were reported "
+                    "before); the next iter() starts a new pool"
+                )
             self._send_urgent_releases()
             results: List[Result] = []
             # Fast path: replies already waiting cost one poll() each, no selector.
@@ -276,32 +320,74 @@ class ProcessPool:
             return results, lost
 
     def _receive(self, w: _ProcWorker, results: List[Result], block: bool = True) -> bool:
-        """Read one message from ``w``; False when its pipe is closed (it died)."""
+        """Read one message from ``w``; False when its pipe is closed (it died).
+
+        The message's heads hold only builtin types, so they always unpickle, and say how
+        many descriptors follow: all of them are read before anything else can fail, so the
+        next read starts at the next message. A result whose payload does not unpickle here
+        (a class only the worker can import) becomes a ``WorkerError`` for that batch; the
+        results after it in the same message share its pickle memo, so they are dropped
+        with it (the epoch ends at the first of them anyway). See ``_worker._send``.
+        """
+        fds: List[int] = []
         try:
             if not block and not w.conn.poll(0):
                 return False
-            batch_results, new_slots, dropped = pickle.loads(w.conn.recv_bytes())
+            heads, new_slots, dropped, payloads = pickle.loads(w.conn.recv_bytes())
+            for _ in new_slots:
+                fds.append(reduction.recv_handle(w.conn))
             for slot_id, capacity in new_slots:
-                self._table.adopt(w.key, slot_id, reduction.recv_handle(w.conn), capacity)
-        except (EOFError, OSError):
-            return False
+                self._table.adopt(w.key, slot_id, fds.pop(0), capacity)  # it closes the fd
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+            for fd in fds:
+                _close_fd(fd)
+            return False  # the pipe is closed or out of step: the worker must go
         self._table.drop(w.key, dropped)
-        for gen, seq, ok, payload, busy in batch_results:
-            self._finish_task(w, gen, seq)
-            if ok:
-                self._table.received(w.key, payload[1])
+        if len(heads) == 1:  # the common case: the cheapest way to one object
+            load_next: Callable[[], Any] = functools.partial(pickle.loads, payloads)
+        else:
+            load_next = pickle.Unpickler(io.BytesIO(payloads)).load
+        failed: Optional[WorkerError] = None
+        for n, (gen, seq, ok, busy, slot_id, _) in enumerate(heads):
+            indices = self._finish_task(w, gen, seq)
+            try:
+                if failed is not None:
+                    raise failed
+                payload = load_next()
+            except Exception as exc:  # noqa: BLE001 - a class only the worker can import, ...
+                if ok:
+                    self._table.discard(w.key, slot_id)  # the slot goes back to the worker
+                if failed is None:
+                    failed = _undecodable(exc, payloads, n, heads, w.id, indices)
+                    error = failed
+                else:
+                    error = WorkerError(
+                        f"batch {seq} (sample indices {short_indices(indices)}) came from "
+                        f"worker {w.id} in one message with batch {failed.seq}, which could "
+                        f"not be unpickled here, and was dropped with it",
+                        worker_id=w.id,
+                        seq=seq,
+                        indices=indices,
+                    )
+                payload, ok = ReadyError(error), False
+            else:
+                if ok:
+                    payload = (payload, slot_id)
+                    self._table.received(w.key, slot_id)
             results.append(Result(gen, seq, ok, payload, busy, w.id, w.key))
         return True
 
     @staticmethod
-    def _finish_task(w: _ProcWorker, gen: int, seq: int) -> None:
+    def _finish_task(w: _ProcWorker, gen: int, seq: int) -> Optional[Sequence]:
+        """Strike batch ``seq`` from what ``w`` owes; return its indices."""
         for key, task in list(w.tasks.items()):
             if key[0] == gen and any(s == seq for s, _ in task.batches):
                 remaining = [(s, i) for s, i in task.batches if s != seq]
                 del w.tasks[key]
                 if remaining:
                     w.tasks[(gen, remaining[0][0])] = Task(gen, task.epoch, remaining)
-                return
+                return next(i for s, i in task.batches if s == seq)
+        return None
 
     def _bury(self, w: _ProcWorker) -> WorkerLost:
         self._workers.pop(w.id, None)
@@ -323,6 +409,82 @@ class ProcessPool:
     @property
     def bytes_delivered(self) -> int:
         return self._table.bytes_delivered
+
+
+def _close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+class _ClassMissing(Exception):
+    pass
+
+
+class _Probe(pickle.Unpickler):
+    """Unpickles like ``pickle.loads``, but says which class could not be found."""
+
+    def find_class(self, module, name):
+        try:
+            return super().find_class(module, name)
+        except Exception as exc:  # noqa: BLE001 - whatever the import raised
+            raise _ClassMissing(f"{module}.{name}", exc) from exc
+
+
+def _undecodable(exc: Exception, payloads: bytes, n: int, heads, worker_id, indices):
+    """The error for result ``n`` of a message, which arrived but does not unpickle here."""
+    probe = _Probe(io.BytesIO(payloads))
+    missing = None
+    try:
+        for _ in range(n + 1):
+            probe.load()
+    except _ClassMissing as found:
+        missing = found.args
+    except Exception:  # noqa: BLE001 - it fails some other way: report exc as it is
+        pass
+    if missing is not None:
+        name, why = missing
+        cause = (
+            f"it holds an object of class {name}, which cannot be imported here "
+            f"({type(why).__name__}: {why})"
+        )
+    else:
+        cause = f"{type(exc).__name__}: {exc}"
+    seq, ok = heads[n][1], heads[n][2]
+    what = "its batch" if ok else "its error report"
+    error = WorkerError(
+        f"worker {worker_id} finished batch {seq} (sample indices {short_indices(indices)}), "
+        f"but {what} cannot be unpickled in the training process: {cause}. Every class whose "
+        f"objects a batch holds, or that a worker raises, must be importable here as well, "
+        f"under the same module name: define it in a module that both processes import (not "
+        f"one only the workers load, in worker_init_fn say), or convert such objects to "
+        f"builtin types or arrays in batchify_fn.",
+        worker_id=worker_id,
+        seq=seq,
+        indices=indices,
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _inherited_fds(own_parent_conn) -> List[int]:
+    """This process's shardloader descriptors that a worker forked now would inherit: the
+    pipe ends and process sentinels of every open pool's workers, and the new worker's own
+    pipe end."""
+    fds = [own_parent_conn.fileno()]
+    for pool in list(_live_pools):
+        for w in list(pool._workers.values()):
+            try:
+                fds.append(w.conn.fileno())
+                fds.append(w.process.sentinel)
+            except (OSError, ValueError):
+                continue  # closed meanwhile
+            # Under fork, multiprocessing also keeps the write end of a pipe whose read end
+            # tells the worker that its parent is gone; it closes both at the end.
+            closer = getattr(getattr(w.process, "_popen", None), "finalizer", None)
+            fds.extend(fd for fd in getattr(closer, "_args", ()) if isinstance(fd, int))
+    return fds
 
 
 def _reap(w: _ProcWorker) -> None:
@@ -354,29 +516,42 @@ def _thread_main(
     results: queue.Queue,
     stop: threading.Event,
 ) -> None:
-    _info.value = WorkerInfo(worker_id, num_workers, seed, maker.dataset)
-    seed_thread_worker(worker_id, seed, entropy)
-    if worker_init_fn is not None:
-        worker_init_fn(worker_id)
-    while not stop.is_set():
-        try:
-            task = tasks.get(timeout=_THREAD_POLL_INTERVAL_S)
-        except queue.Empty:
-            continue
-        if task is None:
-            return
-        for seq, indices in task.batches:
-            if stop.is_set():
-                return
-            start = time.perf_counter()
+    """A thread worker. Whatever a batch raises (``SystemExit`` and ``KeyboardInterrupt``
+    too) goes to the consumer as that batch's result; whatever escapes outside a batch
+    (``worker_init_fn``, say) is reported as this worker's death, with the batches it still
+    owed. The thread never ends without a word."""
+    where, pending = "worker_init_fn", []
+    try:
+        _info.value = WorkerInfo(worker_id, num_workers, seed, maker.dataset)
+        seed_thread_worker(worker_id, seed, entropy)
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+        where = "its loop, between batches,"
+        while not stop.is_set():
             try:
-                batch, ok = maker.make(indices, task.epoch), True
-            except Exception as exc:  # noqa: BLE001 - errors travel to the consumer as data
-                batch, ok = RemoteError.capture(exc, worker_id, seq, indices), False
-            results.put(
-                Result(task.gen, seq, ok, batch, time.perf_counter() - start, worker_id, worker_id)
-            )
-            del batch
+                task = tasks.get(timeout=_THREAD_POLL_INTERVAL_S)
+            except queue.Empty:
+                continue
+            if task is None:
+                return
+            pending = list(task.batches)
+            while pending:
+                seq, indices = pending[0]
+                if stop.is_set():
+                    return
+                start = time.perf_counter()
+                try:
+                    batch, ok = maker.make(indices, task.epoch), True
+                except BaseException as exc:  # noqa: BLE001 - every error goes to the consumer
+                    batch, ok = RemoteError.capture(exc, worker_id, seq, indices), False
+                busy = time.perf_counter() - start
+                results.put(Result(task.gen, seq, ok, batch, busy, worker_id, worker_id))
+                del batch
+                pending.pop(0)
+    except BaseException as exc:  # noqa: BLE001 - a worker thread must not die silently
+        owed = [Task(task.gen, task.epoch, pending)] if pending else []
+        error = RemoteError.capture(exc, worker_id, None, None)
+        results.put(WorkerLost(worker_id, None, None, owed, error, where))
 
 
 def _shutdown_threads(
@@ -407,16 +582,23 @@ class ThreadPool:
         seed,
         worker_init_fn: Optional[Callable],
         mxnet_per_sample: bool = False,
+        numpy_flags: Optional[Tuple[bool, bool]] = None,
         **_ignored,
     ) -> None:
         self.num_workers = num_workers
         maker = BatchMaker(
-            dataset, batchify_fn, seed, shared_process=True, mxnet_per_sample=mxnet_per_sample
+            dataset,
+            batchify_fn,
+            seed,
+            shared_process=True,
+            mxnet_per_sample=mxnet_per_sample,
+            numpy_flags=numpy_flags,
         )
         self._tasks: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._closed = False
+        self._stopped_threads = 0  # threads that ended on an error outside a batch
         self._bytes = 0
         entropy = _fresh_entropy()
         self._threads = [
@@ -446,7 +628,11 @@ class ThreadPool:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """Closed, or a thread stopped: the loader starts a fresh pool for the next epoch."""
+        return self._closed or self._stopped_threads > 0
+
+    # A thread that stopped is not replaced: its worker_init_fn would most likely fail again.
+    can_restart = False
 
     def close(self) -> None:
         self._closed = True
@@ -458,16 +644,22 @@ class ThreadPool:
 
     def poll(self, timeout: float) -> Tuple[List[Result], List[WorkerLost]]:
         out: List[Result] = []
+        lost: List[WorkerLost] = []
         try:
-            out.append(self._results.get(timeout=timeout))
+            item = self._results.get(timeout=timeout)
             while True:
-                out.append(self._results.get_nowait())
+                if isinstance(item, WorkerLost):
+                    self._stopped_threads += 1
+                    lost.append(item)
+                else:
+                    out.append(item)
+                item = self._results.get_nowait()
         except queue.Empty:
             pass
-        return out, []
+        return out, lost
 
-    def restart(self, worker_id: int) -> None:  # threads do not die on their own
-        raise RuntimeError("thread workers cannot be restarted")
+    def restart(self, worker_id: int) -> None:
+        raise RuntimeError("thread workers are not restarted")
 
     def pids(self) -> List[int]:
         return []

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import logging
 import os
 import shlex
@@ -69,6 +68,7 @@ from typing import (
 )
 
 from ._errors import describe_exitcode
+from ._lifeline import parent_death_signal
 
 __all__ = ["LaunchResult", "NodeProcess", "launch_local", "main"]
 
@@ -459,22 +459,12 @@ def _exit_status(code: Optional[int]) -> int:
 
 
 def _die_with_parent(parent_pid: int) -> Optional[Callable[[], None]]:
-    """A ``preexec_fn`` that makes the child get SIGTERM when the launcher dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
+    """A ``preexec_fn`` that makes the child get SIGTERM when the launcher dies (Linux).
 
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-        # The launcher may have died between fork and prctl; then nobody would signal us.
-        if os.getppid() != parent_pid:
-            os._exit(1)
-
-    return preexec
+    The signal follows the thread that forks the child, not the process (see
+    ``shardloader._lifeline``); that is sound here because the thread that starts the
+    children is the one that supervises them and tears them down before it returns."""
+    return parent_death_signal(signal.SIGTERM, parent_pid)
 
 
 def _live_group_members(pgids: Set[int]) -> Dict[int, List[int]]:
