@@ -26,7 +26,9 @@ from shardloader.sampler import (
     SequentialSampler,
     ShardGroupSampler,
     SortedBucketSampler,
+    SortedSampler,
     SplitSampler,
+    fill_step,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -111,16 +113,108 @@ def test_rollover_len_counts_the_carry():
 # Sharded steps and partitions
 
 
-def test_shard_groups_keep_discard_rollover():
+def test_shard_groups_keep_partial_discard_rollover():
     def groups(policy):
         return ShardGroupSampler(BatchSampler(SequentialSampler(10), 2), 3, policy)
 
-    assert list(groups("keep")) == [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8, 9]]]
+    # 'keep' (the default) spreads the 4 samples of the 2 leftover batches over 3 shards.
+    keep = groups("keep")
+    assert keep.last_group == "keep" and ShardGroupSampler(keep._sampler, 3).last_group == "keep"
+    assert list(keep) == [[[0, 1], [2, 3], [4, 5]], [[6], [7], [8, 9]]]
+    assert keep.repeated_samples == 0
+    assert list(groups("partial")) == [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8, 9]]]
+    assert len(groups("keep")) == len(groups("partial")) == 2
     assert list(groups("discard")) == [[[0, 1], [2, 3], [4, 5]]]
     rolling = groups("rollover")
     assert (len(rolling), list(rolling)) == (1, [[[0, 1], [2, 3], [4, 5]]])
     assert len(rolling) == 2  # 2 batches carried + 5
     assert list(rolling) == [[[6, 7], [8, 9], [0, 1]], [[2, 3], [4, 5], [6, 7]]]
+
+
+@pytest.mark.parametrize(
+    "length,batch_size,shards,last",
+    [
+        (10, 3, 2, [[6, 7, 8], [9]]),  # already full: nothing changes
+        (11, 3, 3, [[9], [10], [8]]),  # 2 samples left for 3 shards: one repeat from before
+        (13, 4, 3, [[12], [11], [10]]),  # 1 sample left: the 2 before it again
+        (5, 5, 2, [[0, 1, 2], [3, 4]]),  # one short batch, the only step: cut in two
+        (1, 4, 3, [[0], [0], [0]]),  # a single sample in the pass: the only way to fill
+        (11, 2, 4, [[8], [9], [10], [7]]),  # a tail of 2 batches with 3 samples
+        (13, 2, 4, [[8], [9], [10, 11], [12]]),  # the widest batch is cut
+    ],
+)
+def test_keep_fills_the_last_step(length, batch_size, shards, last):
+    sampler = ShardGroupSampler(BatchSampler(SequentialSampler(length), batch_size), shards)
+    steps = list(sampler)
+    assert len(steps) == len(sampler)
+    assert steps[-1] == last
+    assert all(len(step) == shards and all(step) for step in steps)
+    ids = flat(flat(steps))
+    assert set(ids) == set(range(length))
+    repeats = len(ids) - length
+    assert repeats == max(0, shards - (length - batch_size * shards * (len(steps) - 1)))
+    assert sampler.repeated_samples == repeats
+    assert type(steps[-1]) is (S.FilledStep if repeats else list)
+    list(sampler)
+    assert sampler.repeated_samples == 2 * repeats  # counted on every pass
+
+
+def test_fill_step_spreads_without_repeats_while_it_can():
+    assert fill_step([[0, 1, 2, 3, 4, 5, 6]], 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    # The extra pieces go to the batch whose pieces are largest, the first on a tie.
+    assert fill_step([[0, 1, 2], [3, 4, 5, 6, 7]], 4) == [[0, 1], [2], [3, 4, 5], [6, 7]]
+    assert fill_step([[0, 1], [2, 3]], 3) == [[0], [1], [2, 3]]
+    assert fill_step([[0], [1], [2]], 3) == [[0], [1], [2]]
+    assert fill_step([], 2) == [] and fill_step([[]], 2) == [[]]  # nothing to fill with
+    few = fill_step([[5], [6]], 5, before=[4, 3])
+    assert few == [[5], [6], [4], [3], [4]] and few.repeated == 3
+    alone = fill_step([[5, 6]], 5)
+    assert alone == [[5], [6], [5], [6], [5]] and alone.repeated == 3
+    assert json.loads(json.dumps(few)) == few
+
+
+def test_filled_step_pickles_with_its_count():
+    import pickle
+
+    step = S.FilledStep([[1], [2]], repeated=1)
+    back = pickle.loads(pickle.dumps(step))
+    assert type(back) is S.FilledStep and back == [[1], [2]] and back.repeated == 1
+
+
+def test_repeats_are_counted_by_every_step_sampler_that_yields_them():
+    inner = ShardGroupSampler(BatchSampler(SequentialSampler(7), 3), 2)
+    parts = [PartitionSampler(inner, 2, i) for i in range(2)]
+    assert list(parts[0]) == [[[0, 1, 2], [3, 4, 5]]]
+    assert inner.repeated_samples == 1  # the pass made the filled step ...
+    assert parts[0].repeated_samples == 0  # ... but this part did not yield it
+    assert list(parts[1]) == [[[6], [5]]]
+    assert parts[1].repeated_samples == 1 and inner.repeated_samples == 2
+
+
+def test_a_copied_sampler_drops_its_listeners():
+    import copy
+    import pickle
+    from types import SimpleNamespace
+
+    sampler = ShardGroupSampler(BatchSampler(SequentialSampler(2), 2), 3)
+
+    class Owner:  # a loader stand-in: held weakly, with a stats object
+        stats = SimpleNamespace(repeated_samples=0)
+
+    owner = Owner()
+    sampler._watch_repeats(owner, "stats")
+    assert list(sampler) == [[[0], [1], [0]]]
+    assert owner.stats.repeated_samples == sampler.repeated_samples == 1
+    clone = pickle.loads(pickle.dumps(sampler))
+    assert clone._repeat_listeners is None and clone.repeated_samples == 1
+    list(clone)
+    list(copy.deepcopy(sampler))
+    assert owner.stats.repeated_samples == 1  # only the sampler it watches counts for it
+    list(sampler)
+    assert owner.stats.repeated_samples == 2
+    del owner
+    list(sampler)
+    assert sampler._repeat_listeners == []  # the gone owner's listener is dropped
 
 
 def test_shard_group_rejects_steps_and_indices():
@@ -286,15 +380,33 @@ def test_fixed_bucket_warns_about_empty_buckets():
     assert sampler.bucket_keys == [10]
 
 
-def test_fixed_bucket_shards_never_repeat_by_default():
+def test_fixed_bucket_fills_the_last_step_by_default():
+    # 13 samples in batches of 2: 6 full batches and [12]; the tail of 5 samples is spread.
+    keep = FixedBucketSampler(list(range(1, 14)), 2, bucket_keys=[13], num_shards=4)
+    steps = list(keep)
+    assert len(keep) == len(steps) == 2
+    assert steps[1] == [[8], [9], [10, 11], [12]]
+    assert sorted(flat(flat(steps))) == list(range(13)) and keep.repeated_samples == 0
+    # 11 samples: the tail has 3 samples for 4 shards, so one sample of the step before.
     lengths = list(range(1, 12))
     keep = FixedBucketSampler(lengths, 2, bucket_keys=[11], num_shards=4)
     steps = list(keep)
-    assert len(keep) == len(steps) == 2
-    assert [len(s) for s in steps] == [4, 2]
-    assert sorted(flat(flat(steps))) == list(range(11))
+    assert steps[1] == [[8], [9], [10], [7]] and keep.repeated_samples == 1
+    partial = FixedBucketSampler(lengths, 2, bucket_keys=[11], num_shards=4, last_group="partial")
+    assert len(partial) == 2 and [len(s) for s in partial] == [4, 2]
+    assert sorted(flat(flat(partial))) == list(range(11)) and partial.repeated_samples == 0
     discard = FixedBucketSampler(lengths, 2, bucket_keys=[11], num_shards=4, last_group="discard")
     assert len(discard) == 1 and [len(s) for s in discard] == [4]
+
+
+def test_fixed_bucket_keep_cuts_batches_within_their_bucket():
+    lengths = [9, 9, 9, 2, 2, 2, 2, 2]
+    sampler = FixedBucketSampler(lengths, 3, bucket_keys=[3, 9], num_shards=4)
+    # Batches [0, 1, 2] (key 9), [3, 4, 5] and [6, 7] (key 3): only the widest is cut.
+    assert list(sampler) == [[[0, 1], [2], [3, 4, 5], [6, 7]]]
+    bucket = sampler.bucket_of()
+    for shard in list(sampler)[0]:
+        assert len({int(bucket[i]) for i in shard}) == 1
 
 
 def test_fixed_bucket_pad_last_group_like_gluon_nlp():
@@ -304,8 +416,9 @@ def test_fixed_bucket_pad_last_group_like_gluon_nlp():
     assert len(pad) == 2 and [len(s) for s in steps] == [4, 4]
     # gluon-nlp: the last step is the last num_shards batches of the epoch.
     assert steps[1] == [[4, 5], [6, 7], [8, 9], [10]]
+    assert pad.repeated_samples == 4  # the two batches [4, 5] and [6, 7] come twice
     few = FixedBucketSampler([1, 2, 3], 2, bucket_keys=[3], num_shards=3, last_group="pad")
-    assert list(few) == [[[0, 1], [2], [0, 1]]]
+    assert list(few) == [[[0, 1], [2], [0, 1]]] and few.repeated_samples == 2
 
 
 def test_fixed_bucket_shuffle_is_seeded_and_covers():
@@ -333,6 +446,145 @@ def test_sorted_bucket_sampler():
     for batch in shuffled:
         assert [keys[i] for i in batch] == sorted((keys[i] for i in batch), reverse=True)
     assert sorted(flat(shuffled)) == list(range(8))
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+def test_sorted_sampler_orders_by_key_stably(reverse):
+    keys = [5, 1, 4, 1, 9, 4, 4]
+    sampler = SortedSampler(keys, reverse=reverse)
+    order = list(sampler)
+    assert len(sampler) == len(order) == 7 and sorted(order) == list(range(7))
+    assert [keys[i] for i in order] == sorted(keys, reverse=reverse)
+    # Equal keys keep their index order, in both directions (Python's stable sort).
+    assert [i for i in order if keys[i] == 4] == [2, 5, 6]
+    assert [i for i in order if keys[i] == 1] == [1, 3]
+    assert sampler.reverse is reverse
+    assert list(sampler) == order and sampler.epoch == 2  # the same order in every pass
+    sampler.set_epoch(9)
+    assert list(sampler) == order
+
+
+def test_sorted_sampler_takes_any_comparable_keys():
+    assert list(SortedSampler(np.array([0.5, 2.5, 1.5]))) == [1, 2, 0]
+    assert list(SortedSampler([(1, 9), (2, 0), (1, 3)], reverse=False)) == [2, 0, 1]
+    assert list(SortedSampler(["b", "a", "c"])) == [2, 0, 1]
+    assert type(next(iter(SortedSampler(np.arange(3))))) is int
+    with pytest.raises(TypeError, match="<"):  # keys that do not compare: Python's error
+        SortedSampler([1, "a"])
+
+
+def test_sorted_sampler_batches_and_resumes_in_a_loader_pipeline():
+    keys = [3, 8, 1, 6, 2, 7, 5]
+    batches = BatchSampler(SortedSampler(keys), 3)
+    assert list(batches) == [[1, 5, 3], [6, 0, 4], [2]]
+    sampler = SortedSampler(keys)
+    it = iter(sampler)
+    head = [next(it) for _ in range(4)]
+    state = roundtrip(sampler.state_dict())
+    assert state == {
+        "type": "SortedSampler",
+        "length": 7,
+        "reverse": True,
+        "epoch": 0,
+        "offset": 4,
+    }
+    fresh = SortedSampler(keys)
+    fresh.load_state_dict(state)
+    assert head + list(fresh) == list(SortedSampler(keys))
+    with pytest.raises(ValueError, match="reverse is True in the state but False"):
+        SortedSampler(keys, reverse=False).load_state_dict(state)
+
+
+# ---------------------------------------------------------------------------------------------
+# The same results as gluon-nlp 0.10.0 where the two should agree
+
+
+def _gluon_nlp():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pytest.importorskip("gluonnlp")
+
+
+def _plain(steps):
+    """gluon-nlp's items as plain int lists: batches, or steps of batches."""
+    return [
+        [int(i) for i in item] if not len(item) or np.ndim(item[0]) == 0 else _plain(item)
+        for item in steps
+    ]
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [3, 1, 2, 3, 1, 2, 0, 3],
+        list(np.random.RandomState(0).randint(0, 6, size=50)),
+        list(np.random.RandomState(1).rand(40).round(1)),
+        [(2, 1), (1, 5), (2, 0), (1, 5), (0, 9)],
+        np.random.RandomState(2).randint(0, 4, size=30),
+    ],
+    ids=["ints", "many-ties", "floats", "tuples", "ndarray"],
+)
+def test_sorted_sampler_matches_gluon_nlp(keys, reverse):
+    nlp = _gluon_nlp()
+    theirs = nlp.data.SortedSampler(keys, reverse=reverse)
+    ours = SortedSampler(keys, reverse=reverse)
+    assert list(ours) == [int(i) for i in theirs]
+    assert len(ours) == len(theirs)
+
+
+GLUON_NLP_CASES = [
+    dict(batch_size=4, num_buckets=6, ratio=0.5),
+    dict(batch_size=8, num_buckets=10),
+    dict(batch_size=3, num_buckets=4, ratio=1.0),
+    dict(batch_size=30, num_buckets=5, use_average_length=True),
+    dict(batch_size=5, bucket_keys=[10, 30, 49]),
+]
+
+
+@pytest.mark.parametrize("num_shards", [0, 1, 2, 3, 5, 8])
+@pytest.mark.parametrize("case", range(len(GLUON_NLP_CASES)))
+@pytest.mark.parametrize("n", [97, 5])
+def test_fixed_bucket_matches_gluon_nlp(n, case, num_shards):
+    """Unshuffled, the two samplers make the same buckets, batches and steps. gluon-nlp fills
+    the last step with batches of the step before: so does ``last_group='pad'``. The default
+    ``'keep'`` yields the same steps before the last one, and a last step with as many shards,
+    made of the samples gluon-nlp had not yielded yet (spread, not repeated, when there are
+    enough of them)."""
+    nlp = _gluon_nlp()
+    lengths = np.random.RandomState(n).randint(1, 50, size=n).tolist()
+    kwargs = dict(GLUON_NLP_CASES[case], num_shards=num_shards)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # empty buckets
+        theirs_sampler = nlp.data.FixedBucketSampler(lengths, **kwargs)
+        pad = FixedBucketSampler(lengths, **kwargs, last_group="pad")
+        keep = FixedBucketSampler(lengths, **kwargs)
+    theirs = _plain(list(theirs_sampler))
+    batches = len(pad._batch_infos)
+    if num_shards > batches:
+        # Fewer batches than shards: gluon-nlp's slice from a negative start then yields a
+        # step with fewer shards after all. Both of ours are full and cover every sample.
+        assert len(theirs) == 1 and len(theirs[0]) < num_shards
+        for ours in (list(pad), list(keep)):
+            assert len(ours) == 1 and len(ours[0]) == num_shards and all(ours[0])
+            assert sorted(set(flat(ours[0]))) == list(range(n))
+        return
+    assert pad.bucket_keys == [int(k) for k in theirs_sampler._bucket_keys]
+    assert pad.bucket_batch_sizes == list(theirs_sampler._bucket_batch_sizes)
+    assert list(pad) == theirs and len(pad) == len(theirs_sampler)
+    assert pad.stats().splitlines()[:5] == theirs_sampler.stats().splitlines()
+    ours = list(keep)
+    assert len(ours) == len(keep) == len(theirs_sampler)
+    if not num_shards:
+        assert ours == theirs
+        return
+    assert ours[:-1] == theirs[:-1]
+    assert all(len(step) == num_shards and all(step) for step in theirs + ours)
+    earlier = set(flat(flat(theirs[:-1])))
+    new = [i for i in flat(theirs[-1]) if i not in earlier]
+    assert sorted(i for i in flat(ours[-1]) if i not in earlier) == sorted(new)
+    assert keep.repeated_samples == max(0, num_shards - len(new))
+    assert sorted(set(flat(flat(ours)))) == list(range(n))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,7 +622,12 @@ def test_sorted_bucket_sampler():
         (
             lambda: ShardGroupSampler(BatchSampler(SequentialSampler(3), 1), 2, "pad"),
             ValueError,
-            "last_group must be one of 'keep', 'discard', 'rollover', got 'pad'",
+            "last_group must be one of 'keep', 'partial', 'discard', 'rollover', got 'pad'",
+        ),
+        (
+            lambda: ShardGroupSampler(BatchSampler(SequentialSampler(3), 1), 2, None),
+            ValueError,
+            "last_group must be one of 'keep', 'partial', 'discard', 'rollover', got None",
         ),
         (
             lambda: PartitionSampler(SequentialSampler(3), 2, 2),
@@ -416,7 +673,19 @@ def test_sorted_bucket_sampler():
         (
             lambda: FixedBucketSampler([1, 2], 2, num_shards=2, last_group="rollover"),
             ValueError,
-            "last_group must be one of 'keep', 'discard', 'pad', got 'rollover'",
+            "last_group must be one of 'keep', 'partial', 'discard', 'pad', got 'rollover'",
+        ),
+        (
+            lambda: FixedBucketSampler([1, 2], 2, num_shards=2, last_group="fill"),
+            ValueError,
+            "last_group must be one of 'keep', 'partial', 'discard', 'pad', got 'fill'",
+        ),
+        (lambda: SortedSampler([]), ValueError, "sort_keys must be a non-empty sequence"),
+        (lambda: SortedSampler(3), TypeError, "sort_keys must be a non-empty sequence, got int"),
+        (
+            lambda: SortedSampler([1, 2], reverse="yes"),
+            TypeError,
+            "reverse must be a bool, got 'yes'",
         ),
         (
             lambda: SortedBucketSampler([1, 2], 2, mult=0.5),
@@ -530,6 +799,13 @@ STATE_BUILDERS = {
     "split": lambda: SplitSampler(31, 3, 1, even_size=True, repeat=2),
     "fixed": lambda: FixedBucketSampler(np.arange(60) % 17 + 1, 4, shuffle=True, num_shards=3),
     "sorted": lambda: SortedBucketSampler(np.arange(60) % 7, 4, 3, shuffle=True),
+    "sorted-indices": lambda: SortedSampler(np.arange(23) % 5),
+    "groups-keep": lambda: ShardGroupSampler(BatchSampler(RandomSampler(29), 3), 4),
+    "groups-keep-repeats": lambda: ShardGroupSampler(BatchSampler(RandomSampler(26), 3), 4),
+    "groups-partial": lambda: ShardGroupSampler(BatchSampler(RandomSampler(29), 3), 4, "partial"),
+    "fixed-keep-repeats": lambda: FixedBucketSampler(
+        np.arange(49) % 17 + 1, 4, bucket_keys=[17], shuffle=True, num_shards=3
+    ),
 }
 
 

@@ -21,6 +21,7 @@ from shardloader.sampler import (
     RandomSampler,
     ShardGroupSampler,
     SortedBucketSampler,
+    SortedSampler,
     SplitSampler,
 )
 
@@ -72,29 +73,92 @@ def test_batches_cover_each_epoch_once(n, batch_size, policy, seed, epoch):
         assert Counter(carried) == Counter(list(range(n)) * passes)
 
 
+def check_full_steps(steps, shards, repeated, unique=True):
+    """Every step has ``shards`` non-empty shards; samples repeat only in the last step, only
+    when fewer than ``shards`` new samples were left for it, and then exactly enough to give
+    every shard one sample; ``repeated`` (the sampler's counter) says how many. ``unique``
+    is False for batches from a rolled-over ``BatchSampler``, which may hold an index twice."""
+    assert all(len(step) == shards and all(len(shard) for shard in step) for step in steps)
+    if not unique:
+        return
+    before = flat(flat(steps[:-1]))
+    assert len(set(before)) == len(before)
+    if not steps:
+        assert repeated == 0
+        return
+    last = flat(steps[-1])
+    fresh = set(last) - set(before)
+    if len(fresh) >= shards:
+        assert len(fresh) == len(last)  # no repeat, neither of the pass nor of the step
+        assert repeated == 0
+    else:
+        assert all(len(shard) == 1 for shard in steps[-1])
+        assert repeated == shards - len(fresh)
+
+
 @FEW
-@given(n=lengths_, batch_size=sizes, shards=st.integers(1, 5), policy=policies, seed=seeds)
-def test_shard_groups_never_repeat_a_batch(n, batch_size, shards, policy, seed):
-    batches = BatchSampler(RandomSampler(n, seed=seed), batch_size)
-    steps_sampler = ShardGroupSampler(batches, shards, policy)
-    seen = []
+@given(
+    n=lengths_,
+    batch_size=sizes,
+    shards=st.integers(1, 5),
+    last_batch=policies,
+    last_group=st.sampled_from(["keep", "partial", "discard", "rollover"]),
+    seed=seeds,
+)
+def test_shard_groups(n, batch_size, shards, last_batch, last_group, seed):
+    def batches():
+        return BatchSampler(RandomSampler(n, seed=seed), batch_size, last_batch)
+
+    steps_sampler = ShardGroupSampler(batches(), shards, last_group)
+    # A rolled-over batch or group can hold a sample of two passes, as in Gluon.
+    unique = "rollover" not in (last_batch, last_group)
+    seen, counted = [], 0
     for epoch in range(2):
         expected_len = len(steps_sampler)
         steps = list(steps_sampler)
         assert len(steps) == expected_len
-        assert all(0 < len(step) <= shards for step in steps)
-        if policy != "keep":
-            assert all(len(step) == shards for step in steps)
+        whole = at(batches(), epoch)
+        if epoch == 0:  # nothing carried in yet
+            full = len(whole) // shards
+            assert steps[:full] == [whole[k * shards : (k + 1) * shards] for k in range(full)]
+            keeps = last_group in ("keep", "partial") and len(whole) % shards
+            assert len(steps) == full + bool(keeps)
+        if last_group == "partial":
+            assert all(0 < len(step) <= shards for step in steps)
+            if last_batch != "rollover":
+                assert flat(steps) == whole  # the batches as they are, in order
+        else:
+            repeated = steps_sampler.repeated_samples - counted
+            check_full_steps(steps, shards, repeated, unique)
+        if last_group == "keep" and last_batch == "keep":
+            assert sorted(set(flat(flat(steps)))) == list(range(n))  # every sample covered
+        counted = steps_sampler.repeated_samples
         seen.extend(flat(steps))
-        whole = at(BatchSampler(RandomSampler(n, seed=seed), batch_size), epoch)
-        if policy == "keep":
-            assert flat(steps) == whole
-    seen.extend(steps_sampler.state_dict()["carry"])
-    assert all(len(b) for b in seen)
-    if policy != "discard":
+    if last_group == "rollover" and last_batch != "rollover":
+        seen.extend(steps_sampler.state_dict()["carry"])
         assert sorted(map(sorted, seen)) == sorted(
-            map(sorted, flat([at(batches, 0), at(batches, 1)]))
+            map(sorted, flat([at(batches(), 0), at(batches(), 1)]))
         )
+    elif last_group != "rollover":
+        assert steps_sampler.state_dict()["carry"] == []
+
+
+@FEW
+@given(n=st.integers(0, 60), batch_size=sizes, shards=st.integers(1, 6))
+def test_keep_repeats_only_a_tail_shorter_than_the_shards(n, batch_size, shards):
+    """The counts, worked out from the sizes alone: a pass of ``n`` samples in batches of
+    ``batch_size`` has ``ceil(batches / shards)`` full steps, and repeats ``shards - r``
+    samples exactly when its tail of ``r`` samples (after the last whole group of batches) is
+    non-empty and shorter than ``shards``."""
+    sampler = ShardGroupSampler(BatchSampler(RandomSampler(n, seed=n), batch_size), shards)
+    steps = list(sampler)
+    batches = -(-n // batch_size)
+    assert len(steps) == len(sampler) == -(-batches // shards)
+    tail = n - (batches // shards) * shards * batch_size
+    expected = shards - tail if 0 < tail < shards else 0
+    assert sampler.repeated_samples == expected
+    assert len(flat(flat(steps))) == n + expected
+    check_full_steps(steps, shards, expected)
 
 
 @FEW
@@ -202,24 +266,36 @@ def test_fixed_buckets_bound_lengths_and_cover(
     lengths=st.lists(st.integers(1, 50), min_size=1, max_size=80),
     batch_size=sizes,
     shards=st.integers(1, 5),
-    last_group=st.sampled_from(["keep", "discard", "pad"]),
+    last_group=st.sampled_from(["keep", "partial", "discard", "pad"]),
+    shuffle=st.booleans(),
     seed=seeds,
 )
-def test_fixed_bucket_steps(lengths, batch_size, shards, last_group, seed):
+def test_fixed_bucket_steps(lengths, batch_size, shards, last_group, shuffle, seed):
     sampler = FixedBucketSampler(
-        lengths, batch_size, 5, num_shards=shards, shuffle=True, last_group=last_group, seed=seed
+        lengths, batch_size, 5, num_shards=shards, shuffle=shuffle, last_group=last_group, seed=seed
     )
+    batches = FixedBucketSampler(lengths, batch_size, 5, shuffle=shuffle, seed=seed)
+    whole = list(batches)
     steps = list(sampler)
     assert len(steps) == len(sampler)
     indices = flat(flat(steps))
+    bucket = sampler.bucket_of()
+    for step in steps:  # every shard within one bucket, whatever the policy
+        assert all(len({int(bucket[i]) for i in shard}) == 1 for shard in step)
     if last_group == "pad":
         assert all(len(s) == shards for s in steps)
         assert set(indices) == set(range(len(lengths)))
+        assert sampler.repeated_samples == len(indices) - len(lengths)
+    elif last_group == "keep":
+        check_full_steps(steps, shards, sampler.repeated_samples)
+        assert sorted(set(indices)) == list(range(len(lengths)))
+        full = len(whole) // shards
+        assert steps[:full] == [whole[k * shards : (k + 1) * shards] for k in range(full)]
     else:
-        assert len(set(indices)) == len(indices)
+        assert len(set(indices)) == len(indices) and sampler.repeated_samples == 0
         assert all(0 < len(s) <= shards for s in steps)
-        if last_group == "keep":
-            assert sorted(indices) == list(range(len(lengths)))
+        if last_group == "partial":
+            assert flat(steps) == whole
         else:
             assert all(len(s) == shards for s in steps)
 
@@ -242,6 +318,17 @@ def test_sorted_buckets_cover_and_sort(keys, batch_size, mult, reverse, shuffle,
         assert [keys[i] for i in batch] == sorted((keys[i] for i in batch), reverse=reverse)
 
 
+@FEW
+@given(
+    keys=st.lists(st.integers(0, 6), min_size=1, max_size=60),
+    reverse=st.booleans(),
+)
+def test_sorted_sampler_orders_keys_with_ties_in_index_order(keys, reverse):
+    order = list(SortedSampler(keys, reverse))
+    sign = -1 if reverse else 1
+    assert order == sorted(range(len(keys)), key=lambda i: (sign * keys[i], i))
+
+
 def _builders(n, batch_size, shards, parts, seed):
     return [
         lambda s: RandomSampler(n, seed=s),
@@ -259,6 +346,8 @@ def _builders(n, batch_size, shards, parts, seed):
             shuffle=True,
             num_shards=shards,
         ),
+        lambda s: ShardGroupSampler(BatchSampler(RandomSampler(n, seed=s), batch_size), shards),
+        lambda s: SortedSampler([(i * 7) % 5 for i in range(n)]),
     ]
 
 
@@ -271,7 +360,7 @@ def _builders(n, batch_size, shards, parts, seed):
     seed=seeds,
     warmup=st.integers(0, 3),
     cut=st.integers(0, 12),
-    which=st.integers(0, 5),
+    which=st.integers(0, 7),
 )
 def test_resume_from_any_point_and_same_seed_same_order(
     n, batch_size, shards, parts, seed, warmup, cut, which

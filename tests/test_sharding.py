@@ -4,7 +4,9 @@ A *step* is a list of per-shard batches, one per device. These tests check, for 
 and process workers, that:
 
 - ``num_shards=N`` groups any batch sampler's batches into steps, with the ``last_batch`` policy
-  for the incomplete last group, a matching ``len()``, and no sample ever repeated;
+  for the incomplete last group and a matching ``len()``: every step has ``N`` non-empty
+  shards (``'keep'`` spreads a short tail over them), no sample is repeated unless the tail has
+  fewer samples than shards, and ``stats()["repeated_samples"]`` counts those repeats;
 - a batch sampler that yields steps itself (``FixedBucketSampler(num_shards=...)``) pads every
   shard only to its own longest sequence;
 - ``ctx`` puts shard ``i`` on ``ctx[i]`` (or everything on a single context) before the user
@@ -30,6 +32,8 @@ from shardloader.sampler import (
     BatchSampler,
     FixedBucketSampler,
     RandomSampler,
+    SequentialSampler,
+    ShardGroupSampler,
     SortedBucketSampler,
 )
 
@@ -82,7 +86,7 @@ def wait_until(predicate, timeout_s=5.0):
 N, BATCH, SHARDS = 23, 3, 3
 
 
-def test_keep_yields_a_short_last_step_and_every_sample_once(backend):
+def test_keep_spreads_a_short_last_step_and_yields_every_sample_once(backend):
     with ShardedDataLoader(
         RangeDataset(N), batch_size=BATCH, num_shards=SHARDS, last_batch="keep", **backend
     ) as loader:
@@ -90,10 +94,41 @@ def test_keep_yields_a_short_last_step_and_every_sample_once(backend):
             expected_len = len(loader)
             steps = epoch_ids(loader)
             assert len(steps) == expected_len == 3
-            assert [len(step) for step in steps] == [3, 3, 2]  # fewer shards, not padded
+            assert [len(step) for step in steps] == [3, 3, 3]  # every step full
             assert steps[0] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]  # batches in sampler order
-            assert steps[-1] == [[18, 19, 20], [21, 22]]
+            # The 2 leftover batches, [18, 19, 20] and [21, 22], spread over 3 shards.
+            assert steps[-1] == [[18, 19], [20], [21, 22]]
             assert sorted(flat(steps)) == list(range(N))  # exactly once
+        assert loader.stats()["repeated_samples"] == 0
+
+
+@pytest.mark.parametrize("n,last", [(19, [[18], [17], [16]]), (20, [[18], [19], [17]])])
+def test_keep_repeats_only_a_tail_shorter_than_the_shards_and_counts_it(backend, n, last):
+    """19 samples leave 1 for the last step of 3 shards, 20 leave 2: the missing shards get
+    the last samples of the step before, and stats() counts them, epoch after epoch."""
+    with ShardedDataLoader(
+        RangeDataset(n), batch_size=BATCH, num_shards=SHARDS, **backend
+    ) as loader:
+        repeats = SHARDS - (n - 18)
+        for epoch in range(2):
+            steps = epoch_ids(loader)
+            assert len(steps) == len(loader) == 3
+            assert all(len(step) == SHARDS and all(step) for step in steps)
+            assert steps[-1] == last
+            assert sorted(set(flat(steps))) == list(range(n))
+            assert len(flat(steps)) == n + repeats
+            assert loader.stats()["repeated_samples"] == repeats * (epoch + 1)
+        loader.reset_stats()
+        assert loader.stats()["repeated_samples"] == 0
+
+
+def test_partial_steps_come_only_when_asked_for_by_name(backend):
+    steps = ShardGroupSampler(BatchSampler(SequentialSampler(N), BATCH), SHARDS, "partial")
+    with ShardedDataLoader(RangeDataset(N), batch_sampler=steps, **backend) as loader:
+        got = epoch_ids(loader)
+        assert len(got) == len(loader) == 3
+        assert got[-1] == [[18, 19, 20], [21, 22]]  # 2 shards: what 'partial' means
+        assert loader.stats()["repeated_samples"] == 0
 
 
 def test_discard_drops_the_short_batch_and_the_short_group(backend):
@@ -145,6 +180,17 @@ def test_num_shards_groups_a_shuffled_sampler_without_repeats(backend):
     assert sorted(flat(steps)) == list(range(30))
 
 
+def spread_in_two(batches):
+    """The steps of 2 shards that 'keep' makes of ``batches``: pairs, and a leftover batch
+    cut into two halves (the longer first)."""
+    steps = [batches[i : i + 2] for i in range(0, len(batches) - 1, 2)]
+    if len(batches) % 2:
+        last = batches[-1]
+        half = (len(last) + 1) // 2
+        steps.append([last[:half], last[half:]])
+    return steps
+
+
 class ListBatchSampler:
     """A user's batch sampler: any iterable of index lists with a length."""
 
@@ -174,7 +220,7 @@ def test_num_shards_wraps_any_batch_sampler(backend, make):
     ) as loader:
         assert len(loader) == (len(batches) + 1) // 2
         steps = epoch_ids(loader)
-    assert steps == [batches[i : i + 2] for i in range(0, len(batches), 2)]
+    assert steps == spread_in_two(batches)
     assert sorted(flat(steps)) == list(range(10))
 
 
@@ -198,7 +244,7 @@ def test_num_shards_with_num_parts_gives_disjoint_covering_parts():
         ) as loader:
             steps = epoch_ids(loader)
             assert len(steps) == len(loader)
-            assert all(1 <= len(step) <= 2 for step in steps)
+            assert all(len(step) == 2 and all(step) for step in steps)
             parts.append(flat(steps))
     assert not set(parts[0]) & set(parts[1])
     assert sorted(parts[0] + parts[1]) == list(range(22))
@@ -243,11 +289,13 @@ def test_bucket_steps_pad_each_shard_to_its_own_longest(backend, with_ctx):
         widths, ids = [], []
         for step, indices in zip(loader, expected):
             assert step_ids(step) == indices
+            assert len(step) == 2  # every step full
             widths.append([check_varlen_shard(data, label) for data, label in step])
             ids.extend(i for shard in step_ids(step) for i in shard)
             if with_ctx:
-                assert [data.context for data, _ in step] == CTXS[: len(step)]
-    assert sorted(ids) == list(range(VARLEN))
+                assert [data.context for data, _ in step] == CTXS
+        repeated = loader.stats()["repeated_samples"]
+    assert sorted(set(ids)) == list(range(VARLEN)) and len(ids) == VARLEN + repeated
     # The point of per-shard batches: the shards of one step have different widths, where
     # padding across devices would have given every shard the widest one.
     assert any(len(set(w)) > 1 for w in widths)
@@ -282,12 +330,22 @@ def test_shard_i_arrives_on_ctx_i_with_the_same_values(backend, ctxs):
             np.testing.assert_array_equal(label.asnumpy(), want[i][1])
 
 
-def test_short_last_step_is_placed_on_the_first_contexts(backend):
-    """With last_batch='keep' the last step has fewer shards than contexts: shard i still
-    goes to ctx[i], and the step is delivered, not turned into an error."""
+def test_keep_gives_the_last_step_a_shard_on_every_context(backend):
     with ShardedDataLoader(
         RangeDataset(10), batch_size=2, num_shards=2, ctx=CTXS, last_batch="keep", **backend
     ) as loader:
+        steps = list(loader)
+    assert [len(step) for step in steps] == [2, 2, 2]
+    for step in steps:
+        assert [data.context for data, _ in step] == CTXS
+    assert step_ids(steps[-1]) == [[8], [9]]
+
+
+def test_partial_last_step_is_placed_on_the_first_contexts(backend):
+    """With last_group='partial' the last step has fewer shards than contexts: shard i still
+    goes to ctx[i], and the step is delivered, not turned into an error."""
+    steps = ShardGroupSampler(BatchSampler(SequentialSampler(10), 2), 2, last_group="partial")
+    with ShardedDataLoader(RangeDataset(10), batch_sampler=steps, ctx=CTXS, **backend) as loader:
         steps = list(loader)
     assert [len(step) for step in steps] == [2, 2, 1]
     for step in steps:

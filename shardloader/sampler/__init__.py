@@ -16,14 +16,20 @@ here follows one protocol, on top of ``__iter__`` and ``__len__``:
 
 Gluon's ``SequentialSampler``, ``RandomSampler``, ``FilterSampler`` and ``BatchSampler``
 keep MXNet 1.9.1's order, ``last_batch`` semantics and ``len()``. ``SplitSampler``,
-``FixedBucketSampler`` and ``SortedBucketSampler`` follow gluon-nlp, except that nothing is
-ever repeated within a pass unless an option (``even_size``, ``repeat``,
-``last_group='pad'``) asks for it.
+``FixedBucketSampler``, ``SortedBucketSampler`` and ``SortedSampler`` follow gluon-nlp.
+
+Step samplers (``ShardGroupSampler``, ``FixedBucketSampler(num_shards=N)``) give every step
+``num_shards`` non-empty shards by default, so that no device of a data-parallel ``Trainer``
+is left with a stale gradient: a short last step is filled by spreading its samples over the
+shards. Only ``last_group='partial'`` yields a step with fewer shards. Nothing is repeated
+within a pass, except samples that fill a last step which has fewer samples than shards
+(counted by ``repeated_samples``) and what an option (``even_size``, ``repeat``,
+``last_group='pad'``) asks for.
 """
 
-from ._base import FilterSampler, RandomSampler, Sampler, SequentialSampler
-from ._batch import BatchSampler, ShardGroupSampler
-from ._bucket import FixedBucketSampler, SortedBucketSampler
+from ._base import FilledStep, FilterSampler, RandomSampler, Sampler, SequentialSampler
+from ._batch import BatchSampler, ShardGroupSampler, fill_step
+from ._bucket import FixedBucketSampler, SortedBucketSampler, SortedSampler
 from ._scheme import BucketScheme, ConstWidthBucket, ExpWidthBucket, LinearWidthBucket
 from ._split import PartitionSampler, SplitSampler
 
@@ -38,6 +44,9 @@ __all__ = [
     "SplitSampler",
     "FixedBucketSampler",
     "SortedBucketSampler",
+    "SortedSampler",
+    "FilledStep",
+    "fill_step",
     "BucketScheme",
     "ConstWidthBucket",
     "LinearWidthBucket",

@@ -12,11 +12,18 @@ A pass is a pure function of the configuration, the ``seed``, the epoch and what
 subclass carries between epochs (the rollover leftovers). ``Sampler.state_dict`` records
 exactly those, so a freshly built sampler that loads the state replays the rest of the pass
 item for item.
+
+A step sampler that has to repeat samples to give its last step ``num_shards`` shards yields
+that step as a ``FilledStep``, a ``list`` that also says how many of its samples are repeats.
+Every step sampler that yields one (the one that made it, and the wrappers it passes through)
+adds that number to its ``repeated_samples`` counter, which is how a loader's ``stats()``
+learns about it.
 """
 
 from __future__ import annotations
 
 import numbers
+import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -24,7 +31,7 @@ from mxnet.gluon.data.sampler import Sampler as _GluonSampler
 
 from .._seeding import epoch_rng, fresh_seed
 
-__all__ = ["Sampler", "SequentialSampler", "RandomSampler", "FilterSampler"]
+__all__ = ["Sampler", "SequentialSampler", "RandomSampler", "FilterSampler", "FilledStep"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,12 +107,69 @@ def plain_dict(state: Dict[str, Any]) -> Dict[str, Any]:
 def state_value(state: Dict[str, Any], key: str, owner: str) -> Any:
     """``state[key]``, or a ``ValueError`` saying that the state lacks it."""
     if key not in state:
-        raise ValueError(f"{owner} state_dict is missing {key!r}; got keys {sorted(state)}")
+        keys = sorted(map(repr, state))
+        raise ValueError(f"{owner} state_dict is missing {key!r}; got keys [{', '.join(keys)}]")
     return state[key]
+
+
+class StateTypeError(ValueError, TypeError):
+    """A value of the wrong type in a state given to ``load_state_dict``.
+
+    A ``ValueError``, like every other problem with a state, and a ``TypeError`` too, for
+    code that caught the ``TypeError`` raised for a state that is not a dict.
+    """
+
+
+def state_int(state: Dict[str, Any], key: str, owner: str, minimum: Optional[int] = 0) -> int:
+    """``state[key]`` as an ``int`` no smaller than ``minimum``, or a ``ValueError`` (a
+    ``StateTypeError`` for another type) naming the field, the range and the value."""
+    value = state_value(state, key, owner)
+    accepted = "an int" if minimum is None else f"an int >= {minimum}"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise StateTypeError(
+            f"{owner} state_dict[{key!r}] must be {accepted}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{owner} state_dict[{key!r}] must be {accepted}, got {value!r}")
+    return int(value)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two JSON-ready values are equal and of the same type, so that ``1.0`` or
+    ``True`` in a state is not taken for ``1`` (tuples and lists are the same type)."""
+    a, b = plain(a), plain(b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
 
 
 # ---------------------------------------------------------------------------------------------
 # The protocol.
+
+
+class FilledStep(list):
+    """A step (a list of per-shard index lists) that repeats ``repeated`` samples of its pass.
+
+    Step samplers yield their last step as a ``FilledStep`` when the pass had fewer samples
+    left than shards, so that the step could only be given ``num_shards`` non-empty shards by
+    repeating samples. It compares, pickles and serialises like the plain list it is.
+
+    Examples
+    --------
+    >>> step = FilledStep([[7], [6]], repeated=1)
+    >>> step == [[7], [6]], step.repeated
+    (True, 1)
+    """
+
+    def __init__(self, shards: Iterable[Any] = (), repeated: int = 0) -> None:
+        super().__init__(shards)
+        self.repeated = repeated
+
+    def __reduce__(self) -> Any:
+        return (type(self), (list(self), self.repeated))
 
 
 class _Pass:
@@ -153,12 +217,17 @@ class Sampler(_GluonSampler):
     _epoch = 0
     _resume = 0
     _pass: Optional[_Pass] = None
+    _repeated = 0
+    _repeat_listeners: Optional[List[Callable[[int], bool]]] = None
 
     def __iter__(self) -> Iterator:
         epoch, start = self._epoch, self._resume
         record = _Pass(epoch, start, self._replay_state())
         self._epoch, self._resume, self._pass = epoch + 1, 0, record
-        return self._tracked(record, self._iter_epoch(epoch, start))
+        items = self._iter_epoch(epoch, start)
+        if self.yields_steps:
+            return self._tracked_steps(record, items)
+        return self._tracked(record, items)
 
     @staticmethod
     def _tracked(record: _Pass, items: Iterator) -> Iterator:
@@ -166,6 +235,59 @@ class Sampler(_GluonSampler):
             record.position += 1
             yield item
         record.done = True
+
+    def _tracked_steps(self, record: _Pass, items: Iterator) -> Iterator:
+        for item in items:
+            record.position += 1
+            if type(item) is FilledStep:
+                self._note_repeats(item.repeated)
+            yield item
+        record.done = True
+
+    # -- repeated samples ----------------------------------------------------------------------
+
+    @property
+    def repeated_samples(self) -> int:
+        """How many samples this sampler has yielded a second time within a pass to fill a last
+        step (see ``FilledStep``), since it was built.
+
+        A step is counted when this sampler yields it, which for a loader means when the step
+        is sent to be loaded, at most ``prefetch`` steps before the training loop receives it.
+        """
+        return self._repeated
+
+    def _note_repeats(self, count: int) -> None:
+        if not count:
+            return
+        self._repeated += count
+        listeners = self._repeat_listeners
+        if listeners:
+            # A listener that answers False is gone (its loader was collected): drop it.
+            listeners[:] = [listener for listener in listeners if listener(count) is not False]
+
+    def _watch_repeats(self, owner: Any, counter: str) -> None:
+        """Add every later repeat to ``getattr(owner, counter).repeated_samples``; ``owner``
+        is held weakly, so a loader that watches a sampler it was given can be collected."""
+        ref = weakref.ref(owner)
+
+        def listener(count: int) -> bool:
+            target = ref()
+            if target is None:
+                return False
+            stats = getattr(target, counter, None)
+            if stats is not None:
+                stats.repeated_samples += count
+            return True
+
+        if self._repeat_listeners is None:
+            self._repeat_listeners = []
+        self._repeat_listeners.append(listener)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # The listeners belong to the loaders of this process; a copy starts without them.
+        state = dict(self.__dict__)
+        state.pop("_repeat_listeners", None)
+        return state
 
     def _iter_epoch(self, epoch: int, start: int) -> Iterator:
         """The items of ``epoch``, skipping the first ``start`` of them."""
@@ -225,32 +347,76 @@ class Sampler(_GluonSampler):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore a snapshot taken by ``state_dict`` on an identically built sampler.
 
+        The whole state is checked before anything changes: a state that is refused leaves
+        the sampler (and the samplers it wraps) exactly as it was.
+
         Raises
         ------
         ValueError
-            If the state belongs to another sampler type or to different arguments.
+            If the state is not a dict from ``state_dict`` (a ``StateTypeError``, also a
+            ``TypeError``, for a value of the wrong type), lacks a field, has a field out of
+            range, or belongs to another sampler type or to different arguments.
         """
+        probe = self._probe()
+        probe._load_state(state)  # checks as it goes, changing only the copies
+        self._adopt(probe)
+
+    def _probe(self) -> Sampler:
+        """A copy to try a state on: it shares every attribute with this sampler, except the
+        wrapped sampler (``_sampler``), which is probed in turn if it is one of ours."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        inner = clone.__dict__.get("_sampler")
+        if isinstance(inner, Sampler):
+            clone._sampler = inner._probe()
+        clone.__dict__["_probe_base"] = dict(clone.__dict__)
+        clone.__dict__["_probe_deferred"] = []
+        return clone
+
+    def _adopt(self, probe: Sampler) -> None:
+        """Take over what loading a state changed in ``probe`` (made by ``_probe``)."""
+        base = probe.__dict__.pop("_probe_base")
+        deferred = probe.__dict__.pop("_probe_deferred")
+        pending = self.__dict__.get("_probe_deferred")
+        if pending is not None:
+            pending.extend(deferred)  # self is a probe too: the outermost adopt runs them
+        else:
+            for load in deferred:  # states of wrapped samplers that are not ours
+                load()
+        for key, value in probe.__dict__.items():
+            if key != "_sampler" and (key not in base or base[key] is not value):
+                setattr(self, key, value)
+        inner, tried = self.__dict__.get("_sampler"), probe.__dict__.get("_sampler")
+        if isinstance(tried, Sampler) and tried is not inner and "_probe_base" in tried.__dict__:
+            inner._adopt(tried)
+
+    def _load_state(self, state: Dict[str, Any]) -> None:
+        """Check ``state`` and load it into this sampler (a probe: see ``load_state_dict``)."""
         name = type(self).__name__
         if not isinstance(state, dict):
-            raise TypeError(f"{name} state must be a dict, got {type(state).__name__}")
+            raise StateTypeError(
+                f"{name} state must be a dict from {name}.state_dict(), got "
+                f"{type(state).__name__}: {state!r:.100}"
+            )
         kind = state_value(state, "type", name)
-        if kind != name:
+        if not same_value(kind, name):
             raise ValueError(f"state_dict is for a {kind}, cannot load it into a {name}")
         for key, expected in self._config().items():
             found = state_value(state, key, name)
-            if plain(found) != expected:
+            if not same_value(found, expected):
                 raise ValueError(
                     f"{name} state_dict mismatch: {key} is {found!r} in the state "
                     f"but {expected!r} in this sampler"
                 )
-        epoch = check_int("state_dict['epoch']", state_value(state, "epoch", name))
-        offset = check_int("state_dict['offset']", state_value(state, "offset", name))
+        epoch = state_int(state, "epoch", name)
+        offset = state_int(state, "offset", name)
         self._load_replay_state(state)
         self._epoch, self._resume, self._pass = epoch, 0, None
         total = len(self)
         if offset > total:
             raise ValueError(
-                f"{name} state_dict offset {offset} is past the end of the epoch ({total} items)"
+                f"{name} state_dict['offset'] must be an int in [0, {total}], the items of the "
+                f"epoch; offset {offset} is past the end of the epoch ({total} items)"
             )
         self._resume = offset
 
@@ -269,8 +435,13 @@ class _SeededMixin:
         return {"seed": self._seed}
 
     def _load_replay_state(self, state: Dict[str, Any]) -> None:
-        seed = state_value(state, "seed", type(self).__name__)
-        self._seed = None if seed is None else check_int("state_dict['seed']", seed, None)
+        name = type(self).__name__
+        if state_value(state, "seed", name) is None and self._seed is not None:
+            raise StateTypeError(
+                f"{name} state_dict['seed'] must be an int (this sampler has a seed), got None"
+            )
+        if state["seed"] is not None:
+            self._seed = state_int(state, "seed", name, minimum=None)
 
 
 def forward_epoch(sampler: Any, epoch: int) -> None:
@@ -319,22 +490,53 @@ class _WrapperMixin:
         return {"length": len(self._sampler), "sampler": inner}
 
     def _load_inner(self, state: Dict[str, Any]) -> None:
+        """Load the wrapped sampler's state; on a probe (see ``Sampler.load_state_dict``)
+        this changes only the wrapped sampler's probe, or, for a wrapped sampler that is not
+        one of ours, defers its ``load_state_dict`` until the whole state has been checked."""
         name = type(self).__name__
         inner = state_value(state, "sampler", name)
-        load = getattr(self._sampler, "load_state_dict", None)
-        if inner is not None:
-            if not callable(load):
-                raise ValueError(
-                    f"{name} state_dict holds the state of a wrapped sampler, but the wrapped "
-                    f"{type(self._sampler).__name__} has no load_state_dict"
+        length = state_int(state, "length", name)
+        wrapped = self._sampler
+        load = getattr(wrapped, "load_state_dict", None)
+        if inner is None:
+            if callable(getattr(wrapped, "state_dict", None)) and callable(load):
+                raise StateTypeError(
+                    f"{name} state_dict['sampler'] must be the state of the wrapped "
+                    f"{type(wrapped).__name__} (a dict from its state_dict()), got None"
                 )
-            load(inner)
-        length = state_value(state, "length", name)
-        if length != len(self._sampler):
+        elif not callable(load):
+            raise ValueError(
+                f"{name} state_dict holds the state of a wrapped sampler, but the wrapped "
+                f"{type(wrapped).__name__} has no load_state_dict"
+            )
+        elif isinstance(wrapped, Sampler):
+            try:
+                load(inner)
+            except ValueError as exc:
+                kind = StateTypeError if isinstance(exc, StateTypeError) else ValueError
+                raise kind(f"{name} state_dict['sampler']: {exc}") from exc
+        else:
+            deferred = self.__dict__.get("_probe_deferred")
+            if deferred is None:
+                load(inner)
+            else:
+                deferred.append(lambda: load(inner))
+        if length != len(wrapped):
             raise ValueError(
                 f"{name} state_dict mismatch: the wrapped sampler's length is {length!r} in "
-                f"the state but {len(self._sampler)} here"
+                f"the state but {len(wrapped)} here"
             )
+        if isinstance(inner, dict) and "epoch" in inner:
+            # _inner_replay records the wrapped sampler as the pass starts: at this epoch, at
+            # offset 0 (a pass of the wrapper runs a whole pass of the wrapped sampler).
+            epoch = state_int(state, "epoch", name)
+            for key, expected in (("epoch", epoch), ("offset", 0)):
+                if key in inner and not same_value(inner[key], expected):
+                    raise ValueError(
+                        f"{name} state_dict['sampler'][{key!r}] must be {expected}, as the "
+                        f"wrapped sampler's state is saved at the start of the pass of "
+                        f"state_dict['epoch']={epoch}; got {inner[key]!r:.100}"
+                    )
 
 
 # ---------------------------------------------------------------------------------------------

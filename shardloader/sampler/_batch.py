@@ -1,19 +1,26 @@
 """Batching: indices into batches (Gluon's ``BatchSampler``), and batches into sharded steps.
 
-Both classes treat the last, incomplete group of an epoch the same way: ``'keep'`` yields it
-short, ``'discard'`` drops it, and ``'rollover'`` puts it at the front of the next epoch. The
-rollover leftovers (the *carry*) are part of ``state_dict``. Neither class ever yields an item
-of its wrapped sampler twice.
+Both classes group the items of a wrapped sampler and have a policy for the last, incomplete
+group of an epoch: ``'discard'`` drops it, and ``'rollover'`` puts it at the front of the next
+epoch (the rollover leftovers, the *carry*, are part of ``state_dict``). ``'keep'`` keeps it:
+``BatchSampler`` yields a short batch, as Gluon does, while ``ShardGroupSampler`` spreads the
+samples of the leftover batches over ``num_shards`` shards, so that every step it yields is full
+(``fill_step``); ``ShardGroupSampler``'s ``'partial'`` yields the short step as it is.
+
+Neither class yields an item of its wrapped sampler twice, with one exception: a
+``ShardGroupSampler`` pass whose last step has fewer samples than shards repeats samples of the
+step before it (or, in a pass of a single step, of that step) to give every shard one.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
 from ._base import (
+    FilledStep,
     Sampler,
     _WrapperMixin,
     check_choice,
@@ -23,9 +30,10 @@ from ._base import (
     state_value,
 )
 
-__all__ = ["BatchSampler", "ShardGroupSampler"]
+__all__ = ["BatchSampler", "ShardGroupSampler", "fill_step"]
 
 LAST_POLICIES = ("keep", "discard", "rollover")
+GROUP_POLICIES = ("keep", "partial", "discard", "rollover")
 
 
 def _initial_epoch(sampler: Any) -> int:
@@ -34,11 +42,70 @@ def _initial_epoch(sampler: Any) -> int:
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
 
 
+def _is_index(value: Any) -> bool:
+    """Whether a value in a state is an index: an int, not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _count(total: int, size: int, policy: str) -> int:
     """How many groups of ``size`` a policy makes of ``total`` items."""
-    if policy == "keep":
+    if policy in ("keep", "partial"):
         return (total + size - 1) // size
     return total // size
+
+
+def fill_step(tail: Sequence[Sequence[Any]], num_shards: int, before: Sequence[Any] = ()) -> list:
+    """A step of ``num_shards`` non-empty shards made from the ``tail`` batches of a pass.
+
+    While the tail has at least ``num_shards`` samples, they are only redistributed: each
+    batch is cut into contiguous pieces (the longer pieces first), and the extra pieces go,
+    one at a time, to the batch whose pieces are then the largest (the earlier one on a tie),
+    so every shard holds part of a single batch and no sample appears twice. A tail with fewer
+    samples than shards gives each of its samples a shard of its own, and fills the remaining
+    shards with one sample each, taken from ``before`` (the samples of the pass before the
+    tail, most recent first), or cycled from the tail itself when ``before`` is empty. That
+    step is a ``FilledStep`` whose ``repeated`` is the number of samples added.
+
+    A tail without any sample is returned as it is, as is a tail that is already a full step.
+
+    Examples
+    --------
+    >>> fill_step([[6, 7, 8, 9]], 3)
+    [[6, 7], [8], [9]]
+    >>> fill_step([[0, 1, 2], [3, 4]], 3)
+    [[0, 1], [2], [3, 4]]
+    >>> step = fill_step([[9]], 3, before=[8, 7, 6])
+    >>> step, step.repeated
+    ([[9], [8], [7]], 2)
+    """
+    batches = [list(batch) for batch in tail if len(batch)]
+    total = sum(len(batch) for batch in batches)
+    if total == 0 or (len(tail) == num_shards and len(batches) == num_shards):
+        return list(tail)
+    if total >= num_shards:
+        pieces = [1] * len(batches)
+        for _ in range(num_shards - len(batches)):
+            widest = max(
+                range(len(batches)),
+                key=lambda b: (
+                    -(-len(batches[b]) // pieces[b]) if pieces[b] < len(batches[b]) else 0
+                ),
+            )
+            pieces[widest] += 1
+        step = []
+        for batch, count in zip(batches, pieces):
+            size, extra = divmod(len(batch), count)
+            begin = 0
+            for k in range(count):
+                end = begin + size + (k < extra)
+                step.append(batch[begin:end])
+                begin = end
+        return step
+    own = [i for batch in batches for i in batch]
+    pool = list(before) or own
+    missing = num_shards - total
+    shards = [[i] for i in own] + [[pool[k % len(pool)]] for k in range(missing)]
+    return FilledStep(shards, repeated=missing)
 
 
 class _Grouper(_WrapperMixin, Sampler):
@@ -71,6 +138,7 @@ class _Grouper(_WrapperMixin, Sampler):
         items = iter(self._sampler)
         check = None if type(self)._check_item is _Grouper._check_item else self._check_item
         group = list(carry)
+        previous: Optional[List[Any]] = None
         while True:
             group.extend(itertools.islice(items, size - len(group)))
             if check is not None:
@@ -82,13 +150,18 @@ class _Grouper(_WrapperMixin, Sampler):
                 skip -= 1
             else:
                 yield group
-            group = []
+            previous, group = group, []
         if not group:
             return
         if self._policy == "rollover":
             self._carry = group
-        elif self._policy == "keep" and not skip:
-            yield group
+        elif self._policy != "discard" and not skip:
+            yield self._last_group(group, previous)
+
+    def _last_group(self, group: List[Any], previous: Optional[List[Any]]) -> List[Any]:
+        """What ``'keep'`` yields for the short last ``group``; ``previous`` is the full group
+        before it, if any."""
+        return group
 
     def _check_item(self, item: Any) -> None:
         """Raise if ``item`` is not what this grouper expects from its wrapped sampler."""
@@ -99,15 +172,32 @@ class _Grouper(_WrapperMixin, Sampler):
         return state
 
     def _load_replay_state(self, state: Dict[str, Any]) -> None:
+        from ._base import StateTypeError
+
         name = type(self).__name__
         carry = state_value(state, "carry", name)
+        # The carry holds items of the wrapped sampler: indices, or batches for a grouper
+        # that makes steps.
+        what = "batches (lists of ints)" if self.yields_steps else "indices (ints)"
         if not isinstance(carry, list):
-            raise ValueError(f"{name} state_dict['carry'] must be a list, got {carry!r}")
+            raise StateTypeError(
+                f"{name} state_dict['carry'] must be a list of {what}, got {carry!r:.100}"
+            )
         if len(carry) >= self._size or (carry and self._policy != "rollover"):
             raise ValueError(
                 f"{name} state_dict['carry'] holds {len(carry)} items, which does not fit "
                 f"{self._policy!r} groups of {self._size}"
             )
+        for position, item in enumerate(carry):
+            if self.yields_steps:
+                fits = isinstance(item, list) and all(map(_is_index, item))
+            else:
+                fits = _is_index(item)
+            if not fits:
+                raise StateTypeError(
+                    f"{name} state_dict['carry'] must be a list of {what}, got {item!r:.100} "
+                    f"at position {position}"
+                )
         self._load_inner(state)
         self._carry = list(carry)
 
@@ -181,23 +271,45 @@ class ShardGroupSampler(_Grouper):
         ``FixedBucketSampler`` with ``num_shards=0``.
     num_shards : int
         Batches per step, usually the number of devices.
-    last_group : {'keep', 'discard', 'rollover'}, default 'keep'
+    last_group : {'keep', 'partial', 'discard', 'rollover'}, default 'keep'
         What happens to the last step of an epoch when it has fewer than ``num_shards``
-        batches. ``'keep'`` yields it with fewer shards, ``'discard'`` drops its batches, and
-        ``'rollover'`` carries them to the front of the next epoch. No batch is ever repeated.
+        batches:
+
+        - ``'keep'`` spreads the samples of its batches over ``num_shards`` shards (see
+          ``fill_step``), so that every step is full and every sample of the pass is yielded.
+          Only when fewer samples than shards are left are samples repeated: each missing
+          shard gets one sample of the step before. ``repeated_samples`` counts them.
+        - ``'partial'`` yields it with fewer shards. With one shard per device, a Gluon
+          ``Trainer`` then sums the stale gradients of the devices left without a shard, so
+          use it only where no gradient is taken (evaluation).
+        - ``'discard'`` drops its batches.
+        - ``'rollover'`` carries its batches to the front of the next epoch.
+
+        Apart from ``'keep'``'s repeats in a tail shorter than ``num_shards`` samples, no
+        sample is ever repeated in a pass.
 
     Raises
     ------
     ValueError
-        If ``batch_sampler`` already yields steps.
+        If ``batch_sampler`` already yields steps, or ``last_group`` is not one of the above.
 
     Examples
     --------
-    >>> batches = BatchSampler(SequentialSampler(7), 2)
+    >>> batches = BatchSampler(SequentialSampler(8), 3)
+    >>> list(batches)
+    [[0, 1, 2], [3, 4, 5], [6, 7]]
     >>> list(ShardGroupSampler(batches, 2))
-    [[[0, 1], [2, 3]], [[4, 5], [6]]]
-    >>> list(ShardGroupSampler(batches, 3, 'discard'))
-    [[[0, 1], [2, 3], [4, 5]]]
+    [[[0, 1, 2], [3, 4, 5]], [[6], [7]]]
+    >>> list(ShardGroupSampler(batches, 2, 'partial'))
+    [[[0, 1, 2], [3, 4, 5]], [[6, 7]]]
+    >>> list(ShardGroupSampler(batches, 2, 'discard'))
+    [[[0, 1, 2], [3, 4, 5]]]
+    >>> steps = ShardGroupSampler(BatchSampler(SequentialSampler(7), 3), 3)
+    >>> list(steps), steps.repeated_samples
+    ([[[0, 1, 2], [3, 4, 5], [6]]], 0)
+    >>> steps = ShardGroupSampler(BatchSampler(SequentialSampler(10), 3), 3)
+    >>> list(steps), steps.repeated_samples
+    ([[[0, 1, 2], [3, 4, 5], [6, 7, 8]], [[9], [8], [7]]], 2)
     """
 
     yields_steps = True
@@ -207,7 +319,7 @@ class ShardGroupSampler(_Grouper):
         if getattr(batch_sampler, "yields_steps", False):
             raise ValueError(self._steps_message(batch_sampler))
         self._size = check_int("num_shards", num_shards, minimum=1)
-        self._policy = check_choice("last_group", last_group, LAST_POLICIES)
+        self._policy = check_choice("last_group", last_group, GROUP_POLICIES)
         self._carry: List[Any] = []
         self._epoch = _initial_epoch(batch_sampler)
 
@@ -228,6 +340,12 @@ class ShardGroupSampler(_Grouper):
             f"{type(batch_sampler).__name__} yields steps (lists of index lists); it already "
             "groups shards, so use it directly or give it num_shards=0"
         )
+
+    def _last_group(self, group: List[Any], previous: Optional[List[Any]]) -> List[Any]:
+        if self._policy == "partial":
+            return group
+        before = [i for batch in reversed(previous or []) for i in reversed(batch)]
+        return fill_step(group, self._size, before)
 
     def _check_item(self, item: Any) -> None:
         if isinstance(item, (int, np.integer)):

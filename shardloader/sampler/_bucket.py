@@ -1,9 +1,10 @@
-"""Length-bucketing batch samplers from gluon-nlp: ``FixedBucketSampler`` and
-``SortedBucketSampler``.
+"""Length-ordered samplers from gluon-nlp: ``FixedBucketSampler``, ``SortedBucketSampler`` and
+``SortedSampler``.
 
-Both yield batches (lists of indices). Shuffling is drawn afresh from ``(seed, epoch)`` on
-every pass, instead of gluon-nlp's in-place shuffles of the previous pass's order, so a pass is
-reproducible on its own.
+The first two yield batches (lists of indices), or, for ``FixedBucketSampler(num_shards=N)``,
+steps of ``N`` batches; ``SortedSampler`` yields indices. Shuffling is drawn afresh from
+``(seed, epoch)`` on every pass, instead of gluon-nlp's in-place shuffles of the previous pass's
+order, so a pass is reproducible on its own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from .._seeding import epoch_rng
 from ._base import (
+    FilledStep,
     Sampler,
     _SeededMixin,
     check_bool,
@@ -23,13 +25,14 @@ from ._base import (
     check_number,
     check_seed,
 )
+from ._batch import fill_step
 from ._scheme import BucketScheme, ConstWidthBucket, Key
 
-__all__ = ["FixedBucketSampler", "SortedBucketSampler"]
+__all__ = ["FixedBucketSampler", "SortedBucketSampler", "SortedSampler"]
 
 _DEFAULT_SCHEME = ConstWidthBucket()
 _ASSIGN_CHUNK = 4096  # rows per step when matching tuple lengths to keys, to bound memory
-GROUP_POLICIES = ("keep", "discard", "pad")
+GROUP_POLICIES = ("keep", "partial", "discard", "pad")
 
 
 def _as_lengths(lengths: Any) -> np.ndarray:
@@ -111,18 +114,27 @@ def _assign(keys: List[Key], lengths: np.ndarray) -> np.ndarray:
 
 
 def _group(batches: List[List[int]], num_shards: int, policy: str) -> List[List[List[int]]]:
-    """Steps of ``num_shards`` batches; the short last one is kept, dropped or padded."""
+    """Steps of ``num_shards`` batches; a short last one is filled, kept, dropped or padded."""
     steps = [batches[i : i + num_shards] for i in range(0, len(batches), num_shards)]
-    if steps and len(steps[-1]) < num_shards:
-        if policy == "discard":
-            steps.pop()
-        elif policy == "pad":
-            # gluon-nlp's behaviour: the last step is the last num_shards batches of the epoch,
-            # so it repeats batches of the step before; cycle if there are fewer than that.
-            if len(batches) >= num_shards:
-                steps[-1] = batches[-num_shards:]
-            else:
-                steps[-1] = [batches[i % len(batches)] for i in range(num_shards)]
+    if not steps or len(steps[-1]) == num_shards:
+        return steps
+    if policy == "discard":
+        steps.pop()
+    elif policy == "keep":
+        before = steps[-2] if len(steps) > 1 else []
+        steps[-1] = fill_step(
+            steps[-1], num_shards, [i for batch in reversed(before) for i in reversed(batch)]
+        )
+    elif policy == "pad":
+        # gluon-nlp's behaviour: the last step is the last num_shards batches of the epoch,
+        # so it repeats whole batches of the step before; cycle if there are fewer than that.
+        if len(batches) >= num_shards:
+            last = batches[-num_shards:]
+            repeated = sum(len(b) for b in last[: num_shards - len(steps[-1])])
+        else:
+            last = [batches[i % len(batches)] for i in range(num_shards)]
+            repeated = sum(len(b) for b in last[len(batches) :])
+        steps[-1] = FilledStep(last, repeated=repeated)
     return steps
 
 
@@ -159,14 +171,24 @@ class FixedBucketSampler(_SeededMixin, Sampler):
         ``max(int(batch_size / (mean_i + std_i)), 1)`` samples, from the mean and standard
         deviation of its lengths; ``ratio`` is then ignored.
     num_shards : int, default 0
-        When positive, yield steps: lists of ``num_shards`` consecutive batches.
+        When positive, yield steps: lists of ``num_shards`` consecutive batches. Every step
+        has ``num_shards`` non-empty shards, as with gluon-nlp, unless
+        ``last_group='partial'``.
     bucket_scheme : BucketScheme, default ConstWidthBucket()
         Makes the keys when ``bucket_keys`` is not given.
-    last_group : {'keep', 'discard', 'pad'}, default 'keep', keyword-only
-        With ``num_shards``, what happens to a last step with fewer batches: ``'keep'`` yields
-        it with fewer shards, ``'discard'`` drops it, and ``'pad'`` fills it, as gluon-nlp
-        does, with whole batches of the step before (or, with fewer than ``num_shards``
-        batches in all, by cycling them). Only ``'pad'`` ever yields a sample twice in a pass.
+    last_group : {'keep', 'partial', 'discard', 'pad'}, default 'keep', keyword-only
+        With ``num_shards``, what happens to a last step with fewer batches:
+
+        - ``'keep'`` spreads the samples of its batches over ``num_shards`` shards (see
+          ``ShardGroupSampler``), each shard a piece of one batch and so of one bucket. No
+          sample is repeated unless fewer samples than shards are left; then each missing
+          shard gets one sample of the step before, and ``repeated_samples`` counts them.
+        - ``'partial'`` yields it with fewer shards; with one shard per device, a Gluon
+          ``Trainer`` then sums stale gradients, so use it only for evaluation.
+        - ``'discard'`` drops it.
+        - ``'pad'`` fills it as gluon-nlp does, with whole batches of the step before (or,
+          with fewer than ``num_shards`` batches in all, by cycling them), which repeats up
+          to ``num_shards - 1`` batches; ``repeated_samples`` counts their samples.
     seed : int or None, keyword-only
         Base seed of the shuffles; ``None`` draws one from numpy's global RNG at construction
         when ``shuffle`` is true.
@@ -183,7 +205,15 @@ class FixedBucketSampler(_SeededMixin, Sampler):
       key=[5, 10]
       cnt=[3, 4]
       batch_size=[2, 2]
-    >>> list(FixedBucketSampler(lengths, 2, bucket_keys=[5, 10], num_shards=3))
+    >>> list(FixedBucketSampler(lengths, 2, bucket_keys=[5, 10], num_shards=2))
+    [[[1, 3], [5, 6]], [[0, 2], [4]]]
+    >>> list(FixedBucketSampler(lengths, 3, bucket_keys=[5, 10], num_shards=2))
+    [[[1, 3, 5], [6]], [[0, 2], [4]]]
+    >>> steps = FixedBucketSampler(lengths, 2, bucket_keys=[5, 10], num_shards=3)
+    >>> list(steps), steps.repeated_samples
+    ([[[1, 3], [5, 6], [0, 2]], [[4], [2], [0]]], 2)
+    >>> list(FixedBucketSampler(lengths, 2, bucket_keys=[5, 10], num_shards=3,
+    ...                         last_group='partial'))
     [[[1, 3], [5, 6], [0, 2]], [[4]]]
     """
 
@@ -295,7 +325,7 @@ class FixedBucketSampler(_SeededMixin, Sampler):
             return total
         if self._last_group == "discard":
             return total // self._num_shards
-        return -(-total // self._num_shards)
+        return -(-total // self._num_shards)  # 'keep', 'partial' and 'pad' keep the last step
 
     @property
     def bucket_keys(self) -> List[Key]:
@@ -425,3 +455,58 @@ class SortedBucketSampler(_SeededMixin, Sampler):
             "batch_size": self._batch_size,
             "shuffle": self._shuffle,
         }
+
+
+class SortedSampler(Sampler):
+    """Yields the sample indices ordered by their keys: gluon-nlp's ``SortedSampler``.
+
+    The order is that of gluon-nlp 0.10.0: indices sorted by ``sort_keys[i]``, in descending
+    order when ``reverse`` (the default); equal keys keep their index order either way. The
+    order is computed once, at construction, and is the same in every pass; ``set_epoch``,
+    ``state_dict`` and ``load_state_dict`` follow the sampler protocol (the state records the
+    position in the pass, for a mid-epoch resume).
+
+    Parameters
+    ----------
+    sort_keys : sequence
+        The key of each sample, e.g. its length; any mutually comparable values.
+    reverse : bool, default True
+        Sort in descending order.
+
+    Examples
+    --------
+    >>> list(SortedSampler([5, 1, 4, 1, 9]))
+    [4, 0, 2, 1, 3]
+    >>> list(SortedSampler([5, 1, 4, 1, 9], reverse=False))
+    [1, 3, 2, 0, 4]
+    >>> batches = BatchSampler(SortedSampler([3, 8, 1, 6]), 2)
+    >>> list(batches)
+    [[1, 3], [0, 2]]
+    """
+
+    def __init__(self, sort_keys: Sequence[Any], reverse: bool = True) -> None:
+        if not hasattr(sort_keys, "__len__") or not hasattr(sort_keys, "__getitem__"):
+            raise TypeError(
+                f"sort_keys must be a non-empty sequence, got {type(sort_keys).__name__}"
+            )
+        if len(sort_keys) == 0:
+            raise ValueError("sort_keys must be a non-empty sequence, got an empty one")
+        self._reverse = check_bool("reverse", reverse)
+        # Python's sort is stable also with reverse=True, as gluon-nlp relies on.
+        self._order: List[int] = sorted(
+            range(len(sort_keys)), key=sort_keys.__getitem__, reverse=self._reverse
+        )
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @property
+    def reverse(self) -> bool:
+        """Whether the keys come in descending order."""
+        return self._reverse
+
+    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
+        return iter(self._order[start:])
+
+    def _config(self) -> Dict[str, Any]:
+        return {"length": len(self._order), "reverse": self._reverse}
