@@ -11,18 +11,15 @@ unchanged, so a batch can carry lengths or metadata next to its arrays.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, List, Sequence, Union
 
 import mxnet as mx
 import numpy as np
-from mxnet.base import _LIB, check_call
 from mxnet.ndarray import NDArray
 
-# Contexts whose memory the CPU reads and writes directly.
-_HOST_DEVICES = frozenset(["cpu", "cpu_pinned", "cpu_shared"])
+from ._alloc import HOST_DEVICES, host_view
 
-__all__ = ["normalize_ctx", "place", "place_shards", "wait_to_read"]
+__all__ = ["normalize_ctx", "pin", "place", "place_shards", "wait_to_read"]
 
 CtxArg = Union[mx.Context, Sequence[mx.Context]]
 
@@ -104,6 +101,32 @@ def place(batch: Any, ctx: mx.Context) -> Any:
     return batch
 
 
+def pin(batch: Any, ctx: mx.Context) -> Any:
+    """What Gluon's ``pin_memory=True`` returns: ``batch`` with every NDArray copied to
+    ``ctx``, in Gluon's containers.
+
+    Gluon's ``_as_in_context`` rebuilds every list and tuple, namedtuples included and at any
+    depth, as a ``list``; so does this, so that ``batch[0] = batch[0].as_in_context(gpu)``
+    keeps working. Gluon returns a dict as it is, its NDArrays not pinned; here its NDArrays
+    are copied too, and the dict and everything in it keep their types (as with ``place``).
+
+    Examples
+    --------
+    >>> import collections, mxnet as mx
+    >>> Pair = collections.namedtuple("Pair", "x y")
+    >>> out = pin((mx.nd.ones((2,)), Pair(mx.nd.zeros((1,)), 3)), mx.cpu_pinned(0))
+    >>> type(out).__name__, type(out[1]).__name__, out[0].context, out[1][1]
+    ('list', 'list', cpu_pinned(0), 3)
+    """
+    if isinstance(batch, NDArray):
+        return _copy(batch, ctx)
+    if isinstance(batch, (list, tuple)):
+        return [pin(item, ctx) for item in batch]
+    if isinstance(batch, dict):
+        return place(batch, ctx)
+    return batch
+
+
 def _copy(array: NDArray, ctx: mx.Context) -> NDArray:
     """``array.as_in_context(ctx)``, but host-to-host copies go through numpy.
 
@@ -113,25 +136,16 @@ def _copy(array: NDArray, ctx: mx.Context) -> NDArray:
     """
     if array.context == ctx:
         return array
-    if (
-        ctx.device_type not in _HOST_DEVICES
-        or array.context.device_type not in _HOST_DEVICES
-        or array.stype != "default"
-        or array.size == 0
-    ):
+    if ctx.device_type not in HOST_DEVICES:
         return array.as_in_context(ctx)
-    array.wait_to_read()  # pending writes to the source must land first
+    source = host_view(array)  # waits for pending writes to the source
+    if source is None:
+        return array.as_in_context(ctx)
     out = mx.nd.empty(array.shape, ctx=ctx, dtype=array.dtype)
-    nbytes = array.size * np.dtype(array.dtype).itemsize
-    np.copyto(_host_bytes(out, nbytes), _host_bytes(array, nbytes))
+    if isinstance(array, mx.np.ndarray):
+        out = out.as_np_ndarray()  # numpy mode: the same array type as the source
+    np.copyto(host_view(out), source)
     return out
-
-
-def _host_bytes(array: NDArray, nbytes: int) -> np.ndarray:
-    """The bytes of a host NDArray as a numpy view (allocating a fresh array's memory)."""
-    ptr = ctypes.c_void_p()
-    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr.value), dtype=np.uint8)
 
 
 def _rebuild_mapping(original: dict, items: dict) -> dict:

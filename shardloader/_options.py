@@ -58,17 +58,17 @@ def _choice(name: str, value: Any, choices) -> str:
 
 
 def check_dataset(dataset: Any) -> int:
-    """The dataset's length; a clear error if it is not a sized, indexable collection."""
+    """The dataset's length; a clear error if it is not a sized, indexable collection.
+
+    An empty dataset is accepted, as Gluon accepts it: the loader then has no batches.
+    """
     missing = [m for m in ("__len__", "__getitem__") if not hasattr(dataset, m)]
     if missing:
         raise TypeError(
             f"dataset must support len() and indexing (__len__ and __getitem__); "
             f"{type(dataset).__name__} lacks {' and '.join(missing)}"
         )
-    length = len(dataset)
-    if length == 0:
-        raise ValueError("dataset is empty (len(dataset) == 0); there is nothing to load")
-    return length
+    return len(dataset)
 
 
 def validate(

@@ -36,6 +36,7 @@ __all__ = [
     "List",
     "Dict",
     "NamedTuple",
+    "BatchifyTypeError",
 ]
 
 # The dtypes an mx.nd.NDArray can hold (mxnet.ndarray.ndarray._DTYPE_NP_TO_MX, less bfloat16).
@@ -51,6 +52,25 @@ _NON_NUMERIC_KINDS = frozenset("OSUVMm")
 _PAD_HINT = "use batchify.Pad to pad variable-length samples"
 
 Batchify = typing.Callable[[typing.Sequence[typing.Any]], typing.Any]
+
+
+class BatchifyTypeError(TypeError, ValueError):
+    """A wrong type given to a batchify function: a ``TypeError`` that is also a ``ValueError``.
+
+    gluon-nlp's ``Dict`` and ``NamedTuple`` raise ``ValueError`` where a type is wrong (a
+    function that is not callable, ``fn_dict`` that is not a dict, a sample of another
+    namedtuple type). shardloader raises this instead, so that code written for gluon-nlp
+    (``except ValueError``) and code that expects a ``TypeError`` both catch it.
+
+    Examples
+    --------
+    >>> from shardloader.batchify import BatchifyTypeError, Dict
+    >>> try:
+    ...     Dict({"data": "not a function"})
+    ... except ValueError as exc:
+    ...     print(type(exc) is BatchifyTypeError, isinstance(exc, TypeError))
+    True True
+    """
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,8 +94,32 @@ def _to_numpy(x) -> np.ndarray:
         return np.asarray(x)
     nd = _ndarray_class()
     if nd is not None and isinstance(x, nd):
-        return x.asnumpy()
+        # Host memory is read in place: stacking then copies each sample once, not twice.
+        view = _alloc.host_view(x)
+        return x.asnumpy() if view is None else view
     return np.asarray(x)
+
+
+def _array_sample(x, position: int, owner: str) -> np.ndarray:
+    """One array sample as a plain numpy array, refusing to drop a mask.
+
+    numpy's subclasses become plain arrays, as ``np.asarray`` (Gluon's path) makes them. A
+    masked array with masked values would silently become the values under its mask, so it
+    is an error; one with nothing masked is just its data. A masked scalar becomes ``nan``
+    (with numpy's warning), as in Gluon.
+    """
+    if isinstance(x, np.ma.MaskedArray):
+        if x.ndim == 0:
+            return np.asarray(np.asarray([x])[0])
+        masked = int(np.ma.count_masked(x))
+        if masked:
+            raise ValueError(
+                f"{owner}: sample {position} is a masked array with {masked} masked "
+                f"value(s); batching it would keep the values under the mask and drop the "
+                f"mask (Gluon's default_batchify_fn does that silently). Fill the masked "
+                f"values first (sample.filled(value)), or return the mask as a field of its own"
+            )
+    return _to_numpy(x)
 
 
 def _is_array(x) -> bool:
@@ -193,18 +237,23 @@ def _check_dtype(owner: str, dtype) -> typing.Optional[np.dtype]:
 
 def _check_callable(owner: str, name: str, fn) -> None:
     if not callable(fn):
-        raise TypeError(
+        raise BatchifyTypeError(
             f"{owner}: {name} must be a callable batchify function, got {_describe(fn)}"
         )
 
 
-def _stack_arrays(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.ndarray]:
+def _stack_arrays(
+    data, dtype: typing.Optional[np.dtype], owner: str
+) -> typing.Optional[np.ndarray]:
     """Stack array samples (numpy or NDArray) into one allocator buffer.
 
     Returns ``None`` when the arrays hold no numbers (strings, objects).
     """
     # One pass: a (1, ...) view of every sample, ready to concatenate into the output buffer.
-    views = [a[None] if type(a) is np.ndarray else _to_numpy(a)[None] for a in data]
+    views = [
+        a[None] if type(a) is np.ndarray else _array_sample(a, position, owner)[None]
+        for position, a in enumerate(data)
+    ]
     try:
         found = np.result_type(*views)
     except TypeError:  # no common dtype, e.g. strings and numbers
@@ -250,12 +299,14 @@ def _stack_values(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.
     return buf
 
 
-def _stack(data, dtype: typing.Optional[np.dtype] = None) -> typing.Optional[np.ndarray]:
+def _stack(
+    data, dtype: typing.Optional[np.dtype] = None, owner: str = "default_batchify_fn"
+) -> typing.Optional[np.ndarray]:
     """Stack the leaves of one batch into an allocator buffer, or ``None`` if not numeric."""
     if len(data) == 0:
         raise ValueError("cannot batchify an empty batch: it has no samples")
     if _is_array(data[0]):
-        return _stack_arrays(data, dtype)
+        return _stack_arrays(data, dtype, owner)
     return _stack_values(data, dtype)
 
 
@@ -297,8 +348,12 @@ def default_batchify_fn(data: typing.Sequence[typing.Any]):
     - Dict samples give a dict with one batch per key (every sample needs the same keys).
     - Namedtuple samples give the same namedtuple type, one batch per field (Gluon gives a
       list).
-    - Leaves that are not numbers (strings, ``None``, other objects) come back as the plain
-      Python list of those leaves.
+    - Leaves that are not numbers (strings, ``None``, other objects, record and structured
+      arrays, which keep their field names) come back as the plain Python list of those
+      leaves.
+    - A masked array with masked values raises a ``ValueError`` (Gluon silently stacks the
+      values under the mask). One with nothing masked is stacked as its data, and a masked
+      scalar becomes ``nan``, as in Gluon.
     - Samples of different shapes raise a ``ValueError`` that names the first offending
       sample and both shapes; tuple samples with different numbers of fields raise too
       (Gluon silently drops the extra fields).
@@ -407,7 +462,7 @@ class Stack:
 
     def __call__(self, data: typing.Sequence[typing.Any]):
         """Stack ``data``, the samples of one batch, into an NDArray of shape ``(N, ...)``."""
-        buf = _stack(data, self._dtype)
+        buf = _stack(data, self._dtype, "Stack")
         if buf is None:
             raise TypeError(
                 f"Stack: cannot stack samples that are not numbers, such as "
@@ -498,7 +553,7 @@ class Pad:
         """Pad and stack ``data``, the samples of one batch."""
         if len(data) == 0:
             raise ValueError("Pad: cannot batchify an empty batch: it has no samples")
-        arrays = [_to_numpy(sample) for sample in data]
+        arrays = [_array_sample(sample, position, "Pad") for position, sample in enumerate(data)]
         first = arrays[0]
         axis = self._normalized_axis(first)
         self._check_shapes(arrays, axis)
@@ -671,7 +726,7 @@ class Dict:
 
     def __init__(self, fn_dict: typing.Mapping[typing.Any, Batchify]) -> None:
         if not isinstance(fn_dict, typing.Mapping):
-            raise TypeError(
+            raise BatchifyTypeError(
                 f"Dict: fn_dict must be a dict of key -> batchify function, got "
                 f"{_describe(fn_dict)}"
             )
@@ -741,7 +796,7 @@ class NamedTuple:
                 )
             fns = tuple(fn_info)
         else:
-            raise TypeError(
+            raise BatchifyTypeError(
                 f"NamedTuple: fn_info must be a list, tuple or dict of batchify functions, got "
                 f"{_describe(fn_info)}"
             )
@@ -756,7 +811,7 @@ class NamedTuple:
             raise ValueError("NamedTuple: cannot batchify an empty batch: it has no samples")
         for position, sample in enumerate(data):
             if not isinstance(sample, self._container):
-                raise TypeError(
+                raise BatchifyTypeError(
                     f"NamedTuple: sample {position} must be a {self._container.__name__}, got "
                     f"{_describe(sample)}"
                 )

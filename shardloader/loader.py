@@ -9,13 +9,18 @@ batches handed out, stats, checkpoint state). The stages live in their own modul
 from __future__ import annotations
 
 import itertools
+import multiprocessing as mp
+import threading
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
-from . import _options
+from mxnet.gluon.data import DataLoader as _GluonDataLoader
+
+from . import _interrupts, _options
 from . import batchify as _batchify
-from ._device import place
+from ._alloc import numpy_flags
+from ._device import pin
 from ._errors import ClosedIteratorError
 from ._iter import Hub, InlineEpoch, PooledEpoch, Stats
 from ._pool import ProcessPool, ThreadPool
@@ -31,15 +36,29 @@ from .sampler import (
 __all__ = ["ShardedDataLoader", "DataLoader"]
 
 _STATE_VERSION = 1
+# The fields of ShardedDataLoader.state_dict(), all required by load_state_dict().
+_STATE_KEYS = (
+    "version",
+    "epoch",
+    "consumed",
+    "sampler",
+    "seed",
+    "dataset_len",
+    "batch_size",
+    "sampler_type",
+)
 
 
-class ShardedDataLoader:
+class ShardedDataLoader(_GluonDataLoader):
     """Loads mini-batches from a dataset, with Gluon's ``DataLoader`` signature.
 
     Code written for ``mxnet.gluon.data.DataLoader`` (1.9.1, or 2.x's keywords) runs
-    unchanged and gets the same batches in the same order. Beyond Gluon it never hangs
-    (dead workers and timeouts become errors within seconds), never leaks shared memory,
-    yields per-device shards, and can checkpoint and resume in the middle of an epoch.
+    unchanged and gets the same batches in the same order. It *is* a Gluon ``DataLoader``
+    (``isinstance`` holds, so ``Estimator`` accepts it), with Gluon's private attributes
+    (``_dataset``, ``_batch_sampler``, ``_pin_memory``, ...) for code that reads them.
+    Beyond Gluon it never hangs (dead workers and timeouts become errors within seconds),
+    never leaks shared memory, yields per-device shards whose steps are always full, and
+    can checkpoint and resume in the middle of an epoch.
 
     Parameters
     ----------
@@ -177,6 +196,10 @@ class ShardedDataLoader:
         self._opts = opts
         self._dataset = dataset
         self._length = _options.check_dataset(dataset)
+        if opts.thread_pool and opts.num_workers > 0:
+            from .recordio import thread_safe  # Gluon's record datasets share one file handle
+
+            self._dataset = thread_safe(dataset)
         if num_parts > 1 and shuffle and seed is None:
             raise ValueError(
                 "num_parts > 1 with shuffle=True needs seed=<int>, so that every machine "
@@ -186,6 +209,10 @@ class ShardedDataLoader:
         if batchify_fn is None:
             batchify_fn = _batchify.default_batchify_fn
         self._batchify_fn = batchify_fn
+        _interrupts.install()
+        # Like Gluon, workers take MXNet's numpy mode from when the loader was made; inline
+        # loading follows the consuming thread's mode at each batch.
+        self._numpy_flags = numpy_flags()
         self._ctx = _placement(opts)
         self._pin = _pin_context(opts)
         _check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler)
@@ -225,9 +252,13 @@ class ShardedDataLoader:
                 batch_sampler, opts.num_parts, opts.part_index, even_size=opts.even_size
             )
         if opts.num_shards:
+            # 'keep' gives every step num_shards shards, spreading a short tail over them.
             batch_sampler = ShardGroupSampler(
                 batch_sampler, opts.num_shards, last_group=opts.last_batch or "keep"
             )
+        watch = getattr(batch_sampler, "_watch_repeats", None)
+        if callable(watch):
+            watch(self, "_stats")  # samples repeated to fill a step go to stats()
         return batch_sampler
 
     def _get_hub(self) -> Hub:
@@ -237,6 +268,13 @@ class ShardedDataLoader:
         if hub is not None:
             hub.pool.close()  # a dead or stuck worker: start over with a fresh pool
         opts = self._opts
+        if not opts.thread_pool and mp.current_process().daemon:
+            raise RuntimeError(
+                "ShardedDataLoader(num_workers>0) cannot start worker processes here: this "
+                "is a daemonic process (a worker of a loader or of a multiprocessing.Pool), "
+                "and those may not have children. Inside a worker, use num_workers=0 or "
+                "thread_pool=True."
+            )
         pool_cls = ThreadPool if opts.thread_pool else ProcessPool
         pool = pool_cls(
             opts.num_workers,
@@ -247,6 +285,7 @@ class ShardedDataLoader:
             worker_init_fn=opts.worker_init_fn,
             start_method=opts.start_method,
             mxnet_per_sample=opts.mxnet_seed == "sample",
+            numpy_flags=self._numpy_flags,
         )
         self._hub = Hub(pool, opts.on_worker_death, self._stats)
         return self._hub
@@ -271,7 +310,9 @@ class ShardedDataLoader:
         if isinstance(self._ctx, list):
             items = _require_steps(items, len(self._ctx))
         opts = self._opts
-        if opts.num_workers == 0:
+        # An empty dataset has no batches (as in Gluon): no worker is started for it. A batch
+        # sampler that yields an index anyway gets the usual IndexError, inline.
+        if opts.num_workers == 0 or self._length == 0:
             source = InlineEpoch(items, self._inline_maker(epoch), self._stats)
         else:
             source = PooledEpoch(
@@ -294,6 +335,9 @@ class ShardedDataLoader:
             self._opts.seed,
             shared_process=True,
             mxnet_per_sample=self._opts.mxnet_seed == "sample",
+            # With ctx, batches are made on the placement thread: give it the numpy mode of
+            # the thread that started the epoch. Otherwise the consumer's own mode applies.
+            numpy_flags=numpy_flags() if self._ctx is not None else None,
         )
         return lambda indices: maker.make(indices, epoch)
 
@@ -356,40 +400,131 @@ class ShardedDataLoader:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Make the next ``iter()`` yield exactly the batches that remained in ``state``'s
-        epoch, then continue with the following epochs as an uninterrupted run would."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+        epoch, then continue with the following epochs as an uninterrupted run would.
+
+        Raises
+        ------
+        ValueError
+            If ``state`` is not a state from ``state_dict()`` of a loader built like this one:
+            a field missing, of the wrong type or out of range (``consumed`` beyond the
+            batches of its epoch, say), or another dataset length, ``batch_size``, ``seed``
+            or batch sampler. The message names the field. Every field is checked before
+            anything changes, so a refused state leaves the loader as it was.
+        """
+        resume = self._checked_state(state)
+        if self._prestarted is not None:
+            self._prestarted.close()
+            self._prestarted = None
+        self._resume = resume
+        self._position = dict(resume)
+        self._next_epoch = resume["epoch"]
+
+    def _checked_state(self, state: Any) -> Dict[str, Any]:
+        """Check every field of ``state`` against this loader, changing nothing; return the
+        point to resume from (a copy, so that the caller's dict may change afterwards)."""
+        import copy
+        import numbers
+
+        from .sampler._base import StateTypeError, same_value
+
+        if not isinstance(state, dict) or not same_value(state.get("version"), _STATE_VERSION):
             raise ValueError(
                 f"state must be a dict from ShardedDataLoader.state_dict() "
                 f"(version {_STATE_VERSION}), got {state!r:.200}"
             )
+        missing = [key for key in _STATE_KEYS if key not in state]
+        if missing:
+            raise ValueError(
+                f"state lacks the field(s) {missing}; a state from state_dict() has the fields "
+                f"{list(_STATE_KEYS)}, got {sorted(map(str, state))}"
+            )
         mine = self.state_dict()
         for key in ("dataset_len", "batch_size", "sampler_type", "seed"):
-            if state.get(key) != mine[key]:
+            if not same_value(state[key], mine[key]):
                 raise ValueError(
                     f"state is from an incompatible loader: {key} is "
-                    f"{state.get(key)!r} in the state but {mine[key]!r} here"
+                    f"{state[key]!r:.100} in the state but {mine[key]!r} here"
                 )
-        load = getattr(self._batch_sampler, "load_state_dict", None)
-        if load is not None and state.get("sampler") is not None:
+        for key in ("epoch", "consumed"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise StateTypeError(
+                    f"state[{key!r}] must be an int >= 0, got {value!r:.100} "
+                    f"({type(value).__name__})"
+                )
+            if value < 0:
+                raise ValueError(f"state[{key!r}] must be an int >= 0, got {value}")
+        epoch, consumed = int(state["epoch"]), int(state["consumed"])
+        total = self._batches_of(epoch, state["sampler"])
+        if consumed > total:
+            raise ValueError(
+                f"state['consumed'] must be an int in [0, {total}], the number of batches of "
+                f"epoch {epoch}, got {consumed}"
+            )
+        return {"epoch": epoch, "consumed": consumed, "sampler": copy.deepcopy(state["sampler"])}
+
+    def _batches_of(self, epoch: int, sampler_state: Any) -> int:
+        """How many batches epoch ``epoch`` has when the batch sampler starts it from
+        ``sampler_state``, which is checked first; nothing is changed."""
+        from .sampler import Sampler
+        from .sampler._base import StateTypeError, same_value
+
+        bs = self._batch_sampler
+        name = type(bs).__name__
+        if not callable(getattr(bs, "state_dict", None)):
+            if sampler_state is not None:
+                raise ValueError(
+                    f"state['sampler'] must be None: this loader's batch sampler ({name}) has "
+                    f"no state_dict; got {sampler_state!r:.100}"
+                )
+            return len(bs)
+        if not isinstance(sampler_state, dict):
+            raise StateTypeError(
+                f"state['sampler'] must be the state_dict() of this loader's batch sampler "
+                f"({name}), a dict; got {sampler_state!r:.100}"
+            )
+        load = getattr(bs, "load_state_dict", None)
+        if not callable(load):
+            return len(bs)  # nothing to restore: resuming skips the consumed batches
+        if not isinstance(bs, Sampler):
+            # A batch sampler of the user's own: its load_state_dict is the only check there
+            # is, and it loads the state as it checks it.
             try:
-                load(state["sampler"])  # validates it now, not at the next iter()
+                load(sampler_state)
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"state is from an incompatible loader: {exc}") from exc
-        if self._prestarted is not None:
-            self._prestarted.close()
-            self._prestarted = None
-        self._resume = {
-            "epoch": state["epoch"],
-            "consumed": state["consumed"],
-            "sampler": state["sampler"],
-        }
-        self._position = dict(self._resume)
-        self._next_epoch = state["epoch"]
+            return len(bs)
+        probe = bs._probe()  # a copy to try the state on (see Sampler.load_state_dict)
+        try:
+            probe._load_state(sampler_state)
+        except ValueError as exc:
+            kind = StateTypeError if isinstance(exc, StateTypeError) else ValueError
+            raise kind(f"state['sampler'] does not fit this loader's batch sampler: {exc}") from exc
+        # The loader saves its batch sampler's state as the epoch starts: at that epoch, at
+        # offset 0 (the loader counts the batches taken since, in 'consumed').
+        for key, expected in (("epoch", epoch), ("offset", 0)):
+            if not same_value(sampler_state[key], expected):
+                raise ValueError(
+                    f"state['sampler'][{key!r}] must be {expected}, as a loader saves its batch "
+                    f"sampler's state at the start of epoch state['epoch']={epoch}; got "
+                    f"{sampler_state[key]!r:.100}"
+                )
+        length = self._length
+        for index in _carried_indices(probe):
+            if not 0 <= index < length:
+                raise ValueError(
+                    f"state['sampler'] carries index {index} into epoch {epoch}, outside the "
+                    f"dataset's range [0, {length})"
+                )
+        return len(probe)
 
     # ------------------------------------------------------------------ stats & lifecycle
     def stats(self) -> Dict[str, Any]:
         """Batches and bytes delivered, time the consumer waited for data and its share of
-        wall-clock time (``data_stall``), per-worker busy time and the reorder depth."""
+        wall-clock time (``data_stall``), per-worker busy time, the reorder depth, and
+        ``repeated_samples``: how many samples the batch sampler repeated to give a last step
+        ``num_shards`` shards (or, with ``FixedBucketSampler(last_group='pad')``, to pad it),
+        counted as the step is sent to be loaded."""
         return self._stats.snapshot()
 
     def reset_stats(self) -> None:
@@ -411,6 +546,19 @@ class ShardedDataLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    # Gluon's DataLoader attributes, which its subclasses and tools built on it (gluoncv,
+    # gluon-nlp) read: the same names, with Gluon's meaning. ``_worker_pool`` is None
+    # because there is no multiprocessing.Pool to terminate (Gluon's ``__del__`` checks it).
+    _worker_pool = None
+    _num_workers = property(lambda self: self._opts.num_workers)
+    _pin_memory = property(lambda self: self._opts.pin_memory)
+    _pin_device_id = property(lambda self: self._opts.pin_device_id)
+    _thread_pool = property(lambda self: self._opts.thread_pool)
+    _timeout = property(lambda self: self._opts.timeout)
+    _prefetch = property(lambda self: self._opts.prefetch)
+    _iter = property(lambda self: self._prestarted)
+    auto_reload = property(lambda self: self._opts.auto_reload)
 
     def worker_pids(self) -> List[int]:
         """PIDs of the live worker processes (empty for inline or thread workers)."""
@@ -434,11 +582,27 @@ class _EpochIterator:
         self.consumed = consumed
         self.start_state = start_state
         self._done = False
+        # One consumer at a time: two threads advancing one epoch would race on its state.
+        self._busy = threading.Lock()
 
     def __iter__(self) -> _EpochIterator:
         return self
 
     def __next__(self) -> Any:
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(
+                "this loader iterator is being advanced by another thread; an epoch "
+                "iterator belongs to one consumer at a time (give each thread its own "
+                "iter(loader), or hand the iterator over between batches)"
+            )
+        try:
+            return self._next()
+        finally:
+            self._busy.release()
+
+    def _next(self) -> Any:
+        if _interrupts.pending:
+            _interrupts.raise_pending()
         start = time.perf_counter()
         if self._stats.started is None:
             self._stats.started = start
@@ -450,7 +614,9 @@ class _EpochIterator:
         if self._pin is not None:
             # On this thread, like Gluon: a host copy is a plain memcpy here (see _device),
             # cheaper than handing every batch across threads; a GPU copy is asynchronous.
-            batch = place(batch, self._pin)
+            batch = pin(batch, self._pin)  # Gluon's containers: tuples become lists
+        if _interrupts.pending:  # swallowed while this batch was on its way: not consumed
+            _interrupts.raise_pending()
         stats = self._stats
         waited = time.perf_counter() - start
         stats.wait_s += waited
@@ -535,3 +701,14 @@ def _require_steps(items, num_ctx: int):
 def _sampler_state(sampler) -> Any:
     fn = getattr(sampler, "state_dict", None)
     return fn() if fn is not None else None
+
+
+def _carried_indices(sampler) -> Iterator[int]:
+    """The indices that a shardloader batch sampler, and the samplers it wraps, carry into
+    their next pass (``last_batch='rollover'``): items, or batches of items, of ``_carry``."""
+    from .sampler import Sampler
+
+    while isinstance(sampler, Sampler):
+        for item in sampler.__dict__.get("_carry", ()):
+            yield from item if isinstance(item, list) else (item,)
+        sampler = sampler.__dict__.get("_sampler")

@@ -159,6 +159,10 @@ GLUON_CASES = {
     "tuple_nested": [(np.zeros(2) + i, (i, np.float32(i), [i, i])) for i in range(3)],
     "tuple_of_one": [(i,) for i in range(3)],
     "tuple_empty": [(), ()],
+    # numpy subclasses that hold plain numbers: Gluon's np.asarray stacks their values.
+    "masked_nothing_masked": [np.ma.masked_array([1.0, 2.0], mask=[0, 0]), np.ma.arange(2.0)],
+    "masked_array_after_plain": [np.zeros(2), np.ma.masked_array([1.0, 2.0])],
+    "recarray_of_numbers": [np.arange(3).view(np.recarray), np.ones(3, int).view(np.recarray)],
 }
 
 
@@ -266,6 +270,69 @@ def test_default_batchify_dicts_need_the_same_keys():
         default_batchify_fn([{"a": 1, "b": 2}, {"a": 1}])
     with pytest.raises(ValueError, match=r"sample 2 must be a dict"):
         default_batchify_fn([{"a": 1}, {"a": 2}, 3])
+
+
+# Masked and record arrays: Gluon's np.asarray(data) drops a mask without a word, and fails on
+# record arrays (KeyError: <class 'numpy.record'>).
+
+MASKED = np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])
+
+
+@pytest.mark.parametrize(
+    "fn, data, where",
+    [
+        (default_batchify_fn, [np.zeros(3), MASKED], "default_batchify_fn: sample 1"),
+        (default_batchify_fn, [MASKED, MASKED], "default_batchify_fn: sample 0"),
+        (default_batchify_fn, [(MASKED, 0), (np.zeros(3), 1)], "default_batchify_fn: sample 0"),
+        (Stack(), [np.ones(3), np.ones(3), MASKED], "Stack: sample 2"),
+        (Pad(), [np.ones(2), MASKED], "Pad: sample 1"),
+    ],
+    ids=["default", "default_first", "default_tuple_field", "stack", "pad"],
+)
+def test_a_masked_array_with_masked_values_is_refused(fn, data, where):
+    # Gluon would return the value hidden under the mask (2.0) as if it were data.
+    if fn is default_batchify_fn and isinstance(data[0], np.ndarray):
+        hidden = gluon_default_batchify_fn(data).asnumpy()
+        assert 2.0 in hidden[[i for i, a in enumerate(data) if a is MASKED]]
+    with pytest.raises(ValueError, match=re.escape(where) + r" is a masked array with 1 masked"):
+        fn(data)
+
+
+def test_masked_scalars_become_nan_as_in_gluon():
+    data = [np.ma.masked, np.ma.masked_array(2.0, mask=False)]
+    with pytest.warns(UserWarning, match="masked element to nan"):
+        theirs = gluon_default_batchify_fn(data)
+    with pytest.warns(UserWarning, match="masked element to nan"):
+        ours = default_batchify_fn(data)
+    assert_same_batch(ours, theirs)
+    np.testing.assert_array_equal(ours.asnumpy(), [np.nan, 2.0])
+
+
+RECORDS = np.rec.fromarrays([np.arange(3), np.arange(3.0) / 2], names="id,score")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [RECORDS, RECORDS[::-1]],
+        [RECORDS[0], RECORDS[1]],
+        [np.zeros(2, dtype=[("a", "i4"), ("b", "f8")])] * 2,
+    ],
+    ids=["record_arrays", "records", "structured_arrays"],
+)
+def test_record_arrays_come_back_whole_with_their_field_names(data):
+    with pytest.raises(KeyError):
+        gluon_default_batchify_fn(data)  # Gluon cannot batch them at all
+    out = default_batchify_fn(data)
+    assert type(out) is list and len(out) == len(data)
+    for got, sample in zip(out, data):
+        assert got is sample
+        assert got.dtype.names == sample.dtype.names
+    field, ids = default_batchify_fn([(RECORDS, 0), (RECORDS, 1)])
+    assert field[0].dtype.names == ("id", "score")
+    assert_nd(ids, [0, 1])
+    with pytest.raises(TypeError, match="Stack: cannot stack samples that are not numbers"):
+        Stack()(data)
 
 
 def test_default_batchify_namedtuple_samples_keep_their_type():
@@ -630,6 +697,9 @@ def test_namedtuple_with_dict_or_list_of_functions():
 def test_namedtuple_checks_the_sample_type():
     with pytest.raises(TypeError, match=r"NamedTuple: sample 1 must be a Sample, got"):
         NamedTuple(Sample, [Stack(), Stack()])([Sample(1, 2), Other(1, 2)])
+    # gluon-nlp raises ValueError here: code written for it catches that.
+    with pytest.raises(ValueError, match=r"NamedTuple: sample 0 must be a Sample, got"):
+        NamedTuple(Sample, [Stack(), Stack()])([Other(1, 2)])
     with pytest.raises(ValueError, match="empty batch"):
         NamedTuple(Sample, [Stack(), Stack()])([])
 
@@ -679,6 +749,48 @@ def test_namedtuple_checks_the_sample_type():
 def test_configuration_errors(make, error, pattern):
     with pytest.raises(error, match=pattern):
         make()
+
+
+# Where gluon-nlp 0.10.0 raises ValueError for a wrong type, shardloader raises an error that is
+# both a TypeError and a ValueError, so that `except ValueError` written for gluon-nlp works.
+GLUONNLP_VALUE_ERRORS = {
+    "dict_not_a_dict": (lambda bf: bf.Dict([bf.Stack()]), None),
+    "dict_function_not_callable": (lambda bf: bf.Dict({"a": "b"}), None),
+    "namedtuple_list_function_not_callable": (
+        lambda bf: bf.NamedTuple(Sample, [bf.Stack(), 3]),
+        None,
+    ),
+    "namedtuple_dict_function_not_callable": (
+        lambda bf: bf.NamedTuple(Sample, {"data": bf.Stack(), "label": None}),
+        None,
+    ),
+    "namedtuple_sample_of_another_type": (
+        lambda bf: bf.NamedTuple(Sample, [bf.Stack(), bf.Stack()]),
+        [Other(1, 2), Other(3, 4)],
+    ),
+}
+
+
+def _raise_gluonnlp_case(module, case):
+    make, samples = GLUONNLP_VALUE_ERRORS[case]
+    fn = make(module)
+    if samples is not None:
+        fn(samples)
+
+
+@pytest.mark.parametrize("case", list(GLUONNLP_VALUE_ERRORS))
+def test_wrong_types_raise_an_error_that_gluonnlp_code_catches(case):
+    with pytest.raises(ValueError) as info:
+        _raise_gluonnlp_case(batchify, case)
+    assert isinstance(info.value, TypeError)
+    assert type(info.value) is batchify.BatchifyTypeError
+
+
+@pytest.mark.parametrize("case", list(GLUONNLP_VALUE_ERRORS))
+def test_gluonnlp_raises_value_error_in_the_same_cases(case):
+    gluonnlp_batchify = pytest.importorskip("gluonnlp.data.batchify")
+    with pytest.raises(ValueError):
+        _raise_gluonnlp_case(gluonnlp_batchify, case)
 
 
 def test_accepted_configurations():

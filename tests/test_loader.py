@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 import mxnet as mx
@@ -234,8 +235,181 @@ def test_argument_errors_name_the_argument(kwargs, exc, text):
 def test_bad_datasets_are_rejected_at_construction():
     with pytest.raises(TypeError, match="__len__"):
         ShardedDataLoader(object(), batch_size=2)
-    with pytest.raises(ValueError, match="empty"):
-        ShardedDataLoader([], batch_size=2)
+
+
+# ------------------------------------------------------------------ an empty dataset
+
+
+@pytest.mark.parametrize("last_batch", [None, "keep", "discard", "rollover"])
+def test_an_empty_dataset_has_no_batches_as_in_gluon(backend, last_batch):
+    dataset = SimpleDataset([])
+    for shuffle in (False, True):
+        kwargs = dict(batch_size=3, last_batch=last_batch, shuffle=shuffle)
+        theirs = GluonDataLoader(dataset, **kwargs)
+        assert (len(theirs), list(theirs)) == (0, [])
+        with ShardedDataLoader(dataset, **kwargs, seed=1, **backend) as loader:
+            assert len(loader) == 0
+            assert [list(loader) for _ in range(3)] == [[], [], []]
+            assert loader.worker_pids() == []  # nothing to load, so no worker was started
+            assert (loader.state_dict()["epoch"], loader.state_dict()["consumed"]) == (3, 0)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(auto_reload=True),
+        dict(pin_memory=True),
+        dict(ctx="cpu1"),
+        dict(num_shards=2, ctx="cpu0,cpu1"),
+        dict(num_parts=2, part_index=1, shuffle=True, seed=3),
+        dict(batch_sampler=[]),
+    ],
+    ids=["auto_reload", "pin_memory", "ctx", "shards", "parts", "batch_sampler"],
+)
+def test_an_empty_dataset_has_no_batches_with_any_option(extra):
+    contexts = {"cpu1": mx.cpu(1), "cpu0,cpu1": [mx.cpu(0), mx.cpu(1)]}
+    if "ctx" in extra:
+        extra = dict(extra, ctx=contexts[extra["ctx"]])
+    if "batch_sampler" not in extra:
+        extra = dict(extra, batch_size=2)
+    with ShardedDataLoader(np.zeros((0, 3), "float32"), num_workers=2, **extra) as loader:
+        assert len(loader) == 0
+        assert [list(loader) for _ in range(2)] == [[], []]
+        assert loader.worker_pids() == []
+
+
+def test_an_index_into_an_empty_dataset_is_still_an_index_error():
+    with ShardedDataLoader([], batch_sampler=[[0]], num_workers=2) as loader:
+        with pytest.raises(IndexError, match=r"index 0 .* outside the dataset's range \[0, 0\)"):
+            list(loader)
+        assert loader.worker_pids() == []
+
+
+# ------------------------------------------------------------ batch containers, as in Gluon
+
+Pair = collections.namedtuple("Pair", "data label")
+
+
+def _tuple_batch(samples):
+    return (mx.nd.array([s[1] for s in samples]), np.array([s[1] for s in samples]))
+
+
+def _list_batch(samples):
+    labels = [s[1] for s in samples]
+    return [mx.nd.array(labels), (mx.nd.array(labels) * 2, len(labels)), [mx.nd.array(labels)]]
+
+
+def _dict_batch(samples):
+    labels = [s[1] for s in samples]
+    return {"label": mx.nd.array(labels), "pair": (mx.nd.array(labels), "tag")}
+
+
+def _namedtuple_batch(samples):
+    labels = [s[1] for s in samples]
+    return Pair(mx.nd.array(labels), (mx.nd.array(labels),))
+
+
+BATCHIFY = {
+    "default": None,
+    "tuple": _tuple_batch,
+    "list": _list_batch,
+    "dict": _dict_batch,
+    "namedtuple": _namedtuple_batch,
+}
+
+
+def structure(batch):
+    """The containers of a batch, with its values: what code that indexes it relies on."""
+    if isinstance(batch, dict):
+        return (type(batch).__name__, {k: structure(v) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)):
+        return (type(batch).__name__, [structure(b) for b in batch])
+    return as_lists(batch)
+
+
+def contexts(batch):
+    if isinstance(batch, dict):
+        return contexts(list(batch.values()))
+    if isinstance(batch, (list, tuple)):
+        return {c for b in batch for c in contexts(b)}
+    return {batch.context} if isinstance(batch, mx.nd.NDArray) else set()
+
+
+@pytest.mark.parametrize("pin_memory", [False, True], ids=["plain", "pin_memory"])
+def test_batches_have_gluons_containers(backend, pin_memory):
+    """Gluon's pin_memory rebuilds tuples (namedtuples too) as lists, at any depth, so code
+    such as ``batch[0] = batch[0].as_in_context(ctx)`` works; without it the batch is what
+    batchify_fn returned."""
+    dataset = RangeDataset(7)
+    for name, fn in BATCHIFY.items():
+        kwargs = dict(batch_size=3, batchify_fn=fn, pin_memory=pin_memory)
+        expected = [structure(b) for b in GluonDataLoader(dataset, **kwargs)]
+        with ShardedDataLoader(dataset, **kwargs, **backend) as loader:
+            batches = list(loader)
+        assert [structure(b) for b in batches] == expected, name
+        if pin_memory:
+            # Gluon leaves a dict batch in place; here its NDArrays are pinned too.
+            assert all(contexts(b) == {mx.cpu_pinned(0)} for b in batches), name
+            first = batches[0]
+            if isinstance(first, list):
+                first[0] = first[0].as_in_context(mx.cpu(0))  # what broke on a tuple
+
+
+def test_ctx_keeps_the_containers_of_batchify_fn(backend):
+    """``ctx`` is shardloader's own: it moves the arrays and keeps the batch as batchify_fn
+    made it (namedtuples too), which is what Gluon returns without pin_memory."""
+    dataset = RangeDataset(7)
+    for name, fn in BATCHIFY.items():
+        kwargs = dict(batch_size=3, batchify_fn=fn)
+        expected = [structure(b) for b in GluonDataLoader(dataset, **kwargs)]
+        with ShardedDataLoader(dataset, ctx=mx.cpu(1), **kwargs, **backend) as loader:
+            batches = list(loader)
+        assert [structure(b) for b in batches] == expected, name
+        assert all(contexts(b) == {mx.cpu(1)} for b in batches), name
+
+
+def test_sharded_steps_with_pin_memory_are_lists_of_lists():
+    with ShardedDataLoader(RangeDataset(8), batch_size=2, num_shards=2, pin_memory=True) as loader:
+        steps = list(loader)
+    assert [structure(step)[0] for step in steps] == ["list"] * 2
+    assert all(
+        type(shard) is list and type(shard[0]) is mx.nd.NDArray for s in steps for shard in s
+    )
+    assert steps[1][1][1].asnumpy().tolist() == [6, 7]
+
+
+# ---------------------------------------------------- numpy subclasses through the workers
+
+
+class _RecordDataset:
+    """Sample i is (a record array with named fields, a masked array with nothing masked)."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        records = np.rec.fromarrays([np.arange(3) + i, np.arange(3) / 2], names="id,score")
+        return records, np.ma.masked_array([i, i + 1.0], mask=[False, False])
+
+
+class _MaskedDataset:
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return np.ma.masked_array([i, i + 1.0], mask=[False, i == 4])
+
+
+def test_record_arrays_keep_their_field_names_and_masks_are_not_dropped(backend):
+    with ShardedDataLoader(_RecordDataset(), batch_size=3, **backend) as loader:
+        for records, values in loader:
+            assert [r.dtype.names for r in records] == [("id", "score")] * 3
+            assert isinstance(values, mx.nd.NDArray) and values.shape == (3, 2)
+    with ShardedDataLoader(_MaskedDataset(), batch_size=3, **backend) as loader:
+        it = iter(loader)
+        assert next(it).asnumpy().tolist() == [[0, 1], [1, 2], [2, 3]]
+        with pytest.raises(ValueError, match="sample 1 is a masked array with 1 masked value"):
+            next(it)
 
 
 def test_try_nopython_false_and_none_are_accepted():

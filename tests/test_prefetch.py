@@ -324,3 +324,39 @@ def test_place_shards_validates():
     assert only.context == mx.cpu(1)
     with pytest.raises(TypeError, match="list"):
         _device.place_shards(mx.nd.ones((1,)), [mx.cpu(0)])
+
+
+def _containers(batch):
+    """The container types of a nested batch, and its leaves (NDArrays as their values)."""
+    if isinstance(batch, dict):
+        return (type(batch).__name__, {k: _containers(v) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)):
+        return (type(batch).__name__, [_containers(b) for b in batch])
+    if isinstance(batch, mx.nd.NDArray):
+        return ("nd", batch.asnumpy().tolist())
+    return batch
+
+
+def test_pin_gives_gluons_containers():
+    """``pin`` is what pin_memory returns: Gluon's ``_as_in_context`` makes every list and
+    tuple (namedtuples too), at any depth, a list, and returns a dict as it is."""
+    from mxnet.gluon.data.dataloader import _as_in_context
+
+    Pair = collections.namedtuple("Pair", "x y")
+    nd = mx.nd.arange(3)
+    arr = np.arange(2)
+    batch = (nd, [Pair(nd, (nd, 4)), "tag"], arr, {"k": (nd, Pair(nd, 1))})
+    theirs = _as_in_context(batch, mx.cpu_pinned(0))
+    ours = _device.pin(batch, mx.cpu_pinned(0))
+    _device.wait_to_read(ours)
+    assert _containers(ours) == _containers(theirs)
+    assert type(ours) is list and type(ours[1][0]) is list and type(ours[1][0][1]) is list
+    assert ours[2] is arr
+    # Gluon leaves the NDArrays of a dict where they are; they are pinned here.
+    assert theirs[3]["k"][0].context == mx.cpu(0)
+    assert ours[3]["k"][0].context == mx.cpu_pinned(0)
+    assert ours[3]["k"][1].x.context == mx.cpu_pinned(0)
+    assert ours[0].context == ours[1][0][1][0].context == mx.cpu_pinned(0)
+    # place keeps every container's type: ctx= uses it.
+    placed = _device.place(batch, mx.cpu_pinned(0))
+    assert type(placed) is tuple and type(placed[1][0]) is Pair

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -460,12 +461,161 @@ def test_incompatible_state_is_refused_when_loaded(case):
         assert [fingerprint(b) for b in loader] == reference
 
 
-@pytest.mark.parametrize("state", [None, [], {}, {"version": 999}, "epoch 3"])
+@pytest.mark.parametrize("state", [None, [], {}, {"version": 999}, {"version": True}, "epoch 3"])
 def test_a_state_that_is_not_a_loader_state_is_refused(state):
     with ShardedDataLoader(RangeDataset(8), batch_size=2) as loader, pytest.raises(
         ValueError, match="state"
     ):
         loader.load_state_dict(state)
+
+
+# ---------------------------------------------------------------- malformed states
+
+
+def _rollover_loader(**backend):
+    return ShardedDataLoader(
+        RangeDataset(22), batch_size=4, shuffle=True, seed=5, last_batch="rollover", **backend
+    )
+
+
+def _valid_state():
+    """A state in epoch 1 (which opens with 2 samples carried over from epoch 0), 2 batches
+    in, of 6."""
+    with _rollover_loader() as loader:
+        list(loader)
+        it = iter(loader)
+        next(it), next(it)
+        return json.loads(json.dumps(loader.state_dict()))
+
+
+def _with(state, path, value):
+    """A deep copy of ``state`` with the field at ``path`` set to ``value`` (or deleted)."""
+    state = json.loads(json.dumps(state))
+    *parents, last = path
+    target = state
+    for key in parents:
+        target = target[key]
+    if value is _DELETE:
+        del target[last]
+    else:
+        target[last] = value
+    return state
+
+
+_DELETE = object()
+MALFORMED = {  # (path, value, what the message must say)
+    "consumed_negative": (["consumed"], -3, r"state\['consumed'\] must be an int >= 0, got -3"),
+    "consumed_str": (
+        ["consumed"],
+        "2",
+        r"state\['consumed'\] must be an int >= 0, got '2' \(str\)",
+    ),
+    "consumed_float": (["consumed"], 2.0, r"state\['consumed'\] must be an int >= 0, got 2.0"),
+    "consumed_bool": (["consumed"], True, r"state\['consumed'\] must be an int >= 0, got True"),
+    "consumed_past_the_epoch": (
+        ["consumed"],
+        10**6,
+        r"state\['consumed'\] must be an int in \[0, 6\], the number of batches of epoch 1, "
+        r"got 1000000",
+    ),
+    "consumed_one_past_the_epoch": (["consumed"], 7, r"in \[0, 6\].*got 7"),
+    "epoch_str": (["epoch"], "1", r"state\['epoch'\] must be an int >= 0, got '1' \(str\)"),
+    "epoch_none": (["epoch"], None, r"state\['epoch'\] must be an int >= 0, got None"),
+    "epoch_other_than_the_samplers": (["epoch"], 2, r"state\['sampler'\]\['epoch'\] must be 2"),
+    "missing_consumed": (["consumed"], _DELETE, r"lacks the field\(s\) \['consumed'\]"),
+    "missing_sampler": (["sampler"], _DELETE, r"lacks the field\(s\) \['sampler'\]"),
+    "missing_epoch": (["epoch"], _DELETE, r"lacks the field\(s\) \['epoch'\]"),
+    "sampler_none": (["sampler"], None, r"state\['sampler'\] must be the state_dict\(\)"),
+    "sampler_missing_carry": (["sampler", "carry"], _DELETE, r"missing 'carry'"),
+    "sampler_offset": (["sampler", "offset"], 1, r"state\['sampler'\]\['offset'\] must be 0"),
+    "carry_of_strings": (["sampler", "carry"], ["7"], r"'carry'\] must be a list of indices"),
+    "carry_out_of_range": (["sampler", "carry"], [3, 22], r"carries index 22 into epoch 1"),
+    "carry_too_long": (["sampler", "carry"], [0, 1, 2, 3], r"carry'\] holds 4 items"),
+    "inner_seed_str": (
+        ["sampler", "sampler", "seed"],
+        "5",
+        r"RandomSampler state_dict\['seed'\] must be an int, got '5'",
+    ),
+    "inner_seed_none": (["sampler", "sampler", "seed"], None, r"'seed'\] must be an int"),
+    "inner_offset": (["sampler", "sampler", "offset"], 3, r"\['sampler'\]\['offset'\] must be 0"),
+    "inner_length": (["sampler", "sampler", "length"], 21, r"length is 21 in the state but 22"),
+    "seed_float": (["seed"], 5.0, r"seed is 5.0 in the state but 5 here"),
+    "batch_size_bool": (["batch_size"], True, r"batch_size is True in the state but 4 here"),
+}
+
+
+def test_a_malformed_state_is_refused_naming_the_field_and_changes_nothing():
+    valid = _valid_state()
+    for case, (path, value, message) in MALFORMED.items():
+        bad = _with(valid, path, value)
+        with _rollover_loader() as loader, _rollover_loader() as control:
+            for each in (loader, control):  # the same history: an epoch and one batch
+                list(each)
+                next(iter(each))
+            before = loader.state_dict()
+            try:
+                loader.load_state_dict(bad)
+            except ValueError as exc:
+                assert re.search(message, str(exc)), f"{case}: {exc}"
+            else:
+                pytest.fail(f"{case}: the state was accepted")
+            assert loader.state_dict() == before, case
+            for _ in range(2):
+                assert [fingerprint(b) for b in loader] == [fingerprint(b) for b in control], case
+
+
+def test_a_refused_state_does_not_change_the_shuffle_seed():
+    """The wrapped sampler's seed is loaded before the field that fails is checked: nothing
+    may be applied, in the loader or in the sampler itself."""
+    bad = _with(_with(_valid_state(), ["sampler", "sampler", "seed"], 99), ["sampler", "offset"], 9)
+    with _rollover_loader() as loader, _rollover_loader() as control:
+        list(loader), list(control)
+        with pytest.raises(ValueError, match=r"offset"):
+            loader.load_state_dict(bad)
+        for _ in range(2):
+            assert [fingerprint(b) for b in loader] == [fingerprint(b) for b in control]
+    sampler, twin = (BatchSampler(RandomSampler(22, seed=5), 4, "rollover") for _ in range(2))
+    list(sampler), list(twin)
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match=r"offset 9 is past the end of the epoch"):
+        sampler.load_state_dict(bad["sampler"])
+    assert sampler.state_dict() == before
+    assert [list(sampler) for _ in range(2)] == [list(twin) for _ in range(2)]
+
+
+def test_a_refused_state_leaves_an_epoch_in_progress_alone():
+    good = _valid_state()
+    make = ranges(n=22, last_batch="rollover")
+    reference = uninterrupted(make, 2)
+    with _rollover_loader(**BACKENDS["fork2"]) as loader:
+        it = iter(loader)
+        taken = [fingerprint(next(it)) for _ in range(2)]
+        with pytest.raises(ValueError, match="consumed"):
+            loader.load_state_dict(_with(good, ["consumed"], 99))
+        taken += [fingerprint(b) for b in it]
+        assert (loader.state_dict()["epoch"], loader.state_dict()["consumed"]) == (1, 0)
+        assert taken == reference[0]
+        assert [fingerprint(b) for b in loader] == reference[1]
+
+
+@pytest.mark.parametrize("consumed", [0, 3, 6])
+def test_any_consumed_count_within_the_epoch_is_accepted(consumed):
+    make = ranges(n=22, last_batch="rollover")
+    reference = uninterrupted(make)
+    state = _with(_valid_state(), ["consumed"], consumed)
+    assert resume(make, state, 2) == [reference[1][consumed:], reference[2]]
+
+
+def test_the_state_of_a_loader_over_an_empty_dataset_resumes():
+    def make(**backend):
+        return ShardedDataLoader(RangeDataset(0), batch_size=4, shuffle=True, seed=1, **backend)
+
+    with make() as loader:
+        list(loader)
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert resume(make, state, 2, **BACKENDS["fork2"]) == [[], []]
+    with make() as loader, pytest.raises(ValueError, match=r"in \[0, 0\].*got 1"):
+        loader.load_state_dict(_with(state, ["consumed"], 1))
 
 
 # ----------------------------------------------------------------- inside a training loop

@@ -1,7 +1,7 @@
 """Issue 7, points 1 and 2: seeded order, per-sample randomness, worker info and init.
 
 Randomness must be a function of ``(seed, epoch, sample or worker)``, never of scheduling
-(DESIGN.md, invariant 5), and thread and process pools follow the same rules (invariant 6).
+(docs/design.md, invariant 5), and thread and process pools follow the same rules (invariant 6).
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""shardloader's loader is a Gluon ``DataLoader``: ``isinstance``, Gluon's attributes, and
+MXNet's ``Estimator`` (which checks the type) all accept it."""
+
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import gluon
+from mxnet.gluon.contrib.estimator import Estimator
+from mxnet.gluon.data import ArrayDataset
+
+from shardloader import DataLoader
+
+
+def _data(n=64):
+    rng = np.random.RandomState(0)
+    return ArrayDataset(rng.rand(n, 4).astype("float32"), (np.arange(n) % 2).astype("float32"))
+
+
+def test_it_is_a_gluon_dataloader():
+    with DataLoader(_data(), batch_size=8) as loader:
+        assert isinstance(loader, gluon.data.DataLoader)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"num_workers": 2, "pin_memory": True, "pin_device_id": 0, "prefetch": 3},
+        {"num_workers": 2, "thread_pool": True, "timeout": 30},
+    ],
+)
+def test_gluons_private_attributes_have_gluons_meaning(no_leaks, kwargs):
+    data = _data()
+    theirs = gluon.data.DataLoader(data, batch_size=8, **kwargs)
+    with DataLoader(data, batch_size=8, **kwargs) as mine:
+        for name in (
+            "_dataset",
+            "_num_workers",
+            "_pin_memory",
+            "_pin_device_id",
+            "_thread_pool",
+            "_timeout",
+            "_prefetch",
+            "auto_reload",
+        ):
+            assert getattr(mine, name) == getattr(theirs, name), name
+        assert mine._worker_pool is None
+        assert len(mine._batch_sampler) == len(theirs._batch_sampler)
+        assert callable(mine._batchify_fn)
+        assert mine._iter is None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_estimator_fit_and_evaluate(no_leaks, workers):
+    net = gluon.nn.Dense(2)
+    net.initialize(mx.init.Xavier())
+    est = Estimator(
+        net=net,
+        loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+        train_metrics=mx.metric.Accuracy(),
+        trainer=gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5}),
+        context=mx.cpu(),
+    )
+    train = DataLoader(_data(), batch_size=8, shuffle=True, num_workers=workers)
+    val = DataLoader(_data(32), batch_size=8, num_workers=workers)
+    with train, val:
+        est.fit(train_data=train, val_data=val, epochs=3)
+        est.evaluate(val_data=val)
+    accuracy = dict(m.get() for m in est.val_metrics)
+    assert any(name.endswith("accuracy") for name in accuracy), accuracy
