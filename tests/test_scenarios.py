@@ -1,0 +1,205 @@
+"""Whole programs, as users write them, each run in its own process with a deadline.
+
+Unit tests check the loader on its own; these run complete training programs from
+tests/scenarios/ (train -> validate -> train, data-parallel Trainer, numpy mode, Module.fit,
+Estimator, gluoncv and gluon-nlp batches, a worker killed mid-training, forks after
+training, resume in a new process), most of them next to Gluon's own DataLoader in the same
+program. A hang fails the case at its deadline with the program's output and the stacks of
+its threads (the program arms ``faulthandler.dump_traceback_later`` a little before the
+deadline); a crash at interpreter exit fails it too. After each program the case checks
+that nothing it started is still running.
+
+Each case's wall time is recorded as the ``wall_s`` property (``--junitxml``) and printed in
+a table at the end of the module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import psutil
+import pytest
+
+# The programs are written against MXNet 1.9.1, as its users write them: Module.fit,
+# mx.metric, legacy NDArray loops (asscalar), gluoncv and gluon-nlp (which do not import
+# under 2.x). The MXNet 2.0 environment (make test-mx2) has its own smoke tests.
+pytestmark = pytest.mark.skipif(
+    int(mx.__version__.split(".")[0]) >= 2,
+    reason=f"scenario programs target MXNet 1.9.1 APIs; this is mxnet {mx.__version__}",
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = os.path.join(HERE, "scenarios")
+ROOT = os.path.dirname(HERE)
+
+# The program's faulthandler watchdog fires this long before the deadline, so that a hang
+# reports its stacks while the driver still waits for it.
+_WATCHDOG_MARGIN_S = 8
+# How long processes of the program's session may take to go away after it exits.
+_SETTLE_S = 5.0
+
+
+def case(script, *args, deadline=60, id=None):
+    name = id or "-".join([script.replace(".py", "")] + [a.lstrip("-") for a in args])
+    # pytest-timeout is the last resort; the deadline fires first.
+    return pytest.param(
+        script, list(args), deadline, id=name, marks=pytest.mark.timeout(deadline + 30)
+    )
+
+
+CASES = [
+    # 1. train -> validate -> train with loaders made up front
+    case("train_validate.py", "--workers", "inline"),
+    case("train_validate.py", "--workers", "thread"),
+    case("train_validate.py", "--workers", "process", "--start-method", "fork"),
+    case("train_validate.py", "--workers", "process", "--start-method", "spawn", deadline=90),
+    # 2. data-parallel Trainer on two CPU contexts, ragged tail
+    case("data_parallel.py", "--last-batch", "keep"),
+    case("data_parallel.py", "--last-batch", "discard"),
+    # 3. numpy mode (mx.npx.set_np), plain / pin_memory / ctx in each worker mode
+    case("numpy_mode.py", "--workers", "inline"),
+    case("numpy_mode.py", "--workers", "thread"),
+    case("numpy_mode.py", "--workers", "process"),
+    # 4. Module.fit with eval_data
+    case("module_fit.py", "--iter", "loader"),
+    case("module_fit.py", "--iter", "prefetching"),
+    # 5. Estimator.fit / evaluate
+    case("estimator.py"),
+    # 6. gluoncv detection batches
+    case("detection.py"),
+    # 7. gluon-nlp bucketing
+    case("bucketing.py"),
+    # 8. a worker SIGKILLed mid-training, on_worker_death='restart'
+    case("restart.py", "--start-method", "fork"),
+    # 9. forks (Gluon DataLoader workers, multiprocessing.Pool) after training
+    case("fork_after.py", "--workers", "process"),
+    case("fork_after.py", "--workers", "inline"),
+    # 10. resume in a new process
+    case("resume.py", deadline=90),
+    # 11. a training script that ends while MXNet still computes on its last batch
+    case("exit_pending.py", "--workers", "process"),
+]
+
+_TIMES = []
+
+
+def _session_processes(sid):
+    """Live processes of session ``sid`` (the program and everything it started)."""
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.info["status"] == psutil.STATUS_ZOMBIE or os.getsid(p.pid) != sid:
+                continue
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+        out.append(p)
+    return out
+
+
+def _kill_session(sid):
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in _session_processes(sid):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def _describe(procs):
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {' '.join(p.cmdline())[:100]!r}")
+        except psutil.Error:
+            out.append(str(p.pid))
+    return out
+
+
+@pytest.fixture(scope="module")
+def _timing_table(request):
+    yield
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None or not _TIMES:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line("")
+        reporter.write_sep("-", "scenario wall times")
+        for name, wall, outcome in _TIMES:
+            reporter.write_line(f"{name:50s} {wall:6.1f} s  {outcome}")
+        reporter.write_line(f"{'total':50s} {sum(t for _, t, _ in _TIMES):6.1f} s")
+
+
+@pytest.mark.parametrize("script, args, deadline", CASES)
+def test_scenario(script, args, deadline, request, record_property, _timing_table):
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["SCENARIO_WATCHDOG_S"] = str(deadline - _WATCHDOG_MARGIN_S)
+    cmd = [sys.executable, os.path.join(SCENARIOS, script), *args]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: a hang is killed whole
+        text=True,
+        errors="replace",
+    )
+    timed_out = False
+    try:
+        output, _ = proc.communicate(timeout=deadline)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_session(proc.pid)
+        output, _ = proc.communicate()
+    wall = time.monotonic() - t0
+
+    # Whatever the program started must be gone once it has exited.
+    deadline_settle = time.monotonic() + _SETTLE_S
+    left = _session_processes(proc.pid)
+    while left and time.monotonic() < deadline_settle:
+        time.sleep(0.1)
+        left = _session_processes(proc.pid)
+    left_desc = _describe(left)
+    _kill_session(proc.pid)
+
+    outcome = "timeout" if timed_out else ("ok" if proc.returncode == 0 else "failed")
+    if outcome == "ok" and left_desc:
+        outcome = "leaked"
+    name = request.node.callspec.id
+    _TIMES.append((name, wall, outcome))
+    record_property("wall_s", round(wall, 2))
+    print(f"scenario {name}: {wall:.1f} s, {outcome}")
+
+    tail = "\n".join(output.splitlines()[-150:])
+    if timed_out:
+        pytest.fail(
+            f"{script} {' '.join(args)} did not finish within {deadline} s (a hang); "
+            f"its output:\n{tail}",
+            pytrace=False,
+        )
+    if proc.returncode != 0:
+        how = (
+            f"killed by signal {-proc.returncode}"
+            if proc.returncode < 0
+            else f"exit status {proc.returncode}"
+        )
+        where = (
+            " after it reported success (a crash at interpreter exit)"
+            if "SCENARIO OK" in output
+            else ""
+        )
+        pytest.fail(f"{script} {' '.join(args)}: {how}{where}; its output:\n{tail}", pytrace=False)
+    assert "SCENARIO OK" in output, f"no success line from {script}; its output:\n{tail}"
+    assert not left_desc, f"processes left behind by {script}: {left_desc}\n{tail}"
