@@ -53,6 +53,9 @@ _MAX_FREE_SLOTS = 2
 # once more in the ring (docs/failures.md, "Large batches"). Batches below it (an ImageNet
 # batch of 64 float32 images is 38.5 MB) reuse their slots and skip the page faults.
 MAX_KEPT_SLOT_BYTES = 256 << 20
+# Every slot's memfd is named with this prefix; /proc shows it as SLOT_MEMFD_PATH.
+_MEMFD_PREFIX = "shardloader-slot-"
+SLOT_MEMFD_PATH = "/memfd:" + _MEMFD_PREFIX
 
 
 def _align(n: int) -> int:
@@ -112,7 +115,7 @@ class _Slot:
     def __init__(self, slot_id: int, capacity: int) -> None:
         self.id = slot_id
         self.capacity = capacity
-        self.fd = os.memfd_create(f"shardloader-slot-{slot_id}", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(f"{_MEMFD_PREFIX}{slot_id}", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, capacity)
         self.mm: Optional[mmap.mmap] = None
         self.top = 0
@@ -342,6 +345,30 @@ def _mxnet_kind(obj) -> Optional[int]:
 
 
 # ----------------------------------------------------------------------------- main side
+
+
+# Not in Python's mmap module; the same on every Linux architecture.
+_MAP_FIXED = 0x10
+_PROT_NONE = 0
+
+
+def drop_inherited_slot_mappings() -> None:
+    """In a freshly forked worker: let go of every slot mapping inherited from the main
+    process (other loaders' batches), so that closing those loaders frees their memory.
+    Each range is replaced by an inaccessible anonymous one, so nothing else lands there."""
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = [line for line in maps if SLOT_MEMFD_PATH in line]
+    except OSError:
+        return
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | getattr(mmap, "MAP_NORESERVE", 0)
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) < 6 or not fields[5].startswith(SLOT_MEMFD_PATH):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        # Over the same range: the memfd loses this reference, the range stays reserved.
+        _libc_mmap().mmap(start, end - start, _PROT_NONE, flags, -1, 0)
 
 
 _libc = None

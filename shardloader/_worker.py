@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import io
-import mmap
 import os
 import pickle
 import signal
@@ -58,6 +56,7 @@ from ._seeding import (
     seed_mxnet,
     seed_python_and_numpy,
 )
+from ._shm import SLOT_MEMFD_PATH, SlotRing, drop_inherited_slot_mappings
 
 # How often an idle worker process checks that its parent is still alive.
 _PARENT_CHECK_INTERVAL_S = 0.5
@@ -247,7 +246,6 @@ def seed_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:
 
 
 # Where a slot's memfd shows in /proc/self/fd and /proc/self/maps (see _shm._Slot).
-_SLOT_MEMFD = "/memfd:shardloader-"
 
 
 def process_worker_main(
@@ -288,8 +286,6 @@ def process_worker_main(
             arm()
     _forget_inheritance(conn.fileno(), inherited_fds)
     start_lifeline(parent_pid, forked_by_parent)
-    from ._shm import SlotRing
-
     _info.value = WorkerInfo(worker_id, num_workers, seed, dataset)
     seed_worker(worker_id, seed, entropy)
     if worker_init_fn is not None:
@@ -337,7 +333,7 @@ def _forget_inheritance(own_fd: int, foreign_fds: Sequence[int]) -> None:
         if fd <= 2 or fd == own_fd:
             continue
         link = _fd_link(fd)
-        if link is not None and (link in links or link.startswith(_SLOT_MEMFD)):
+        if link is not None and (link in links or link.startswith(SLOT_MEMFD_PATH)):
             doomed.append(fd)
     if doomed:
         null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -346,7 +342,7 @@ def _forget_inheritance(own_fd: int, foreign_fds: Sequence[int]) -> None:
                 os.dup2(null, fd, inheritable=False)
         finally:
             os.close(null)
-    _release_slot_mappings()
+    drop_inherited_slot_mappings()
 
 
 def _fd_link(fd: int) -> Optional[str]:
@@ -354,39 +350,6 @@ def _fd_link(fd: int) -> Optional[str]:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         return None
-
-
-def _release_slot_mappings() -> None:
-    try:
-        with open("/proc/self/maps") as maps:
-            lines = [line for line in maps if _SLOT_MEMFD in line]
-    except OSError:
-        return
-    if not lines:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | getattr(mmap, "MAP_NORESERVE", 0)
-    for line in lines:
-        fields = line.split(None, 5)
-        if len(fields) < 6 or not fields[5].startswith(_SLOT_MEMFD):
-            continue
-        start, end = (int(x, 16) for x in fields[0].split("-"))
-        # Over the same range: the memfd loses this reference, the range stays reserved.
-        libc.mmap(start, end - start, _PROT_NONE, flags, -1, 0)
-
-
-# Not in Python's mmap module; the same on every Linux architecture.
-_MAP_FIXED = 0x10
-_PROT_NONE = 0
 
 
 def _serve(worker_id, conn, maker: BatchMaker, ring, raw: bool, ppid: int) -> None:
