@@ -2,10 +2,13 @@
 
 Run ``make bench`` or ``python -m benchmarks.run --help``. The modules:
 
-- :mod:`benchmarks.workloads`: the generated datasets (W1-W4) and one loader factory per
-  (workload, loader, options) case;
+- :mod:`benchmarks.workloads`: the generated datasets (W1-W6, W5's JPEG records) and one
+  loader factory per (workload, loader, options) case, ``mx.io.ImageRecordIter`` included;
+- :mod:`benchmarks.micro`: the NDArray stacking micro-benchmark (``STACK``);
 - :mod:`benchmarks.harness`: :func:`~benchmarks.harness.time_loader`, which times any loader
-  factory the same way, and the runner that measures each case in a fresh process;
-- :mod:`benchmarks.report`: medians, ratios, targets, the JSON/markdown results and the plot;
-- :mod:`benchmarks.run`: the command line and the interleaved plan.
+  factory the same way, and the runner that measures each case (or task) in a fresh process;
+- :mod:`benchmarks.report`: medians, ratios, comparisons, targets, the JSON/markdown results
+  and the plot;
+- :mod:`benchmarks.run`: the command line and the interleaved plan;
+- :mod:`benchmarks.profile_w5`: a diagnostic, not part of the run: where W5's time goes.
 """

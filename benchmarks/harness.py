@@ -5,7 +5,8 @@ option go through it, so the numbers are comparable by construction.
 
 - **Epochs.** The loader is built, then iterated one full warm-up epoch, which absorbs
   worker start-up (Gluon forks in its constructor, shardloader at the first ``iter()``) and
-  yields the first-batch latency. Timed epochs follow until they add up to ``min_time_s``
+  yields the first-batch latency (W5 inline, with no workers to start and seconds per
+  epoch, times its first epoch instead). Timed epochs follow until they add up to ``min_time_s``
   (0.5 s; at least one), so a 20 ms epoch is not timed once. An epoch's wall time runs from
   just before ``iter(loader)`` to its ``StopIteration``: it includes filling the prefetch
   queue and ending the epoch. Throughput is timed samples over the timed epochs' wall time.
@@ -300,6 +301,7 @@ _PRELOAD = [
     "mxnet",
     "mxnet.gluon.data",
     "mxnet.gluon.utils",
+    "mxnet.gluon.data.vision",
     "shardloader",
     # Imported lazily by the loader: preloading them too makes every run of a benchmark use
     # the code as it was when the benchmark started, even if it is edited meanwhile.
@@ -307,13 +309,23 @@ _PRELOAD = [
     "shardloader._device",
     "shardloader.prefetch",
     "benchmarks.workloads",
+    "benchmarks.micro",
     "benchmarks.harness",
 ]
 _context: Optional[Any] = None
 
 
 def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dict[str, Any]:
-    """Measure one case in this process (what the child of :func:`run_isolated` does)."""
+    """Measure one case in this process (what the child of :func:`run_isolated` does).
+
+    ``case_dict`` is a :class:`~benchmarks.workloads.Case` as a dict, or a task that is not
+    a loader: ``{"task": name, **kwargs}`` with ``name`` one of ``stacking`` (the NDArray
+    stacking micro-benchmark), ``jpeg_per_sample`` (W5's single-process rate) and
+    ``jpeg_records`` (writes W5's records if they are missing).
+    """
+    if "task" in case_dict:
+        kwargs = dict(case_dict)
+        return _tasks()[kwargs.pop("task")](**kwargs)
     from .workloads import Case, build
 
     case = Case(**case_dict)
@@ -323,8 +335,19 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
         adapt=prepared.adapt,
         check=prepared.check,
         expect_samples=prepared.samples,
+        warmup_epochs=prepared.warmup_epochs,
         min_time_s=min_time_s,
     )
+
+
+def _tasks() -> Dict[str, Callable[..., Dict[str, Any]]]:
+    from .micro import stacking
+    from .workloads import jpeg_per_sample, jpeg_records
+
+    def records(folder: str, n: int) -> Dict[str, Any]:
+        return {"rec_path": jpeg_records(folder, n)}
+
+    return {"stacking": stacking, "jpeg_per_sample": jpeg_per_sample, "jpeg_records": records}
 
 
 def _isolated_main(case_dict: Dict[str, Any], min_time_s: float, conn: Any) -> None:

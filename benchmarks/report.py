@@ -11,7 +11,13 @@ Definitions (also in docs/benchmarks.md):
   loader's ``num_workers=0`` time per batch (same workload, no pinning) divided by
   ``max(1, num_workers)``. For W4 the reference is W2 (one step is one W2 batch).
 - **Fraction of ideal** (W3) is ``samples/s at num_workers=2`` over twice the same loader's
-  ``samples/s at num_workers=0``.
+  ``samples/s at num_workers=0``. For W5 the ideal is ``max(1, num_workers)`` times the
+  single-process rate of ``dataset[i]`` (timed in every round, in a fresh process).
+- A **comparison** across cells or against another loader than Gluon (W5's ImageRecordIter,
+  W5 thread against process, W2 process against inline) pairs the two runs of every round
+  the same way.
+- The **stacking** micro-benchmark reports each method's median seconds per batch over its
+  calls in every round, and the target is ``ours / memcpy`` of those medians.
 """
 
 from __future__ import annotations
@@ -23,7 +29,16 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Cell", "Target", "summarise", "check_targets", "write_results", "publish"]
+__all__ = [
+    "Cell",
+    "Target",
+    "summarise",
+    "comparisons",
+    "summarise_extras",
+    "check_targets",
+    "write_results",
+    "publish",
+]
 
 _DOC_START = "<!-- results:start (written by python -m benchmarks.run --publish) -->"
 _DOC_END = "<!-- results:end -->"
@@ -57,9 +72,10 @@ class Target:
     name: str
     measured: Optional[float]
     threshold: float
-    unit: str  # "x" for a ratio, "of ideal", "MB"
+    unit: str  # "x" for a ratio, "of ideal", "MB", "x memcpy" (a ratio of times)
     spread: Optional[Tuple[float, float]] = None
     higher_is_better: bool = True
+    source: str = ""  # the issue that set the target
 
     @property
     def status(self) -> str:
@@ -70,7 +86,7 @@ class Target:
             if self.higher_is_better
             else self.measured <= self.threshold
         )
-        return "PASS" if ok else "FAIL"
+        return "PASS" if ok else "MISS"
 
 
 _METRICS = (
@@ -162,8 +178,10 @@ def _add_overheads(cells: Sequence[Cell], out: Dict[str, Any]) -> None:
                 med["overhead_us"] = now - ref / max(1, cell.num_workers)
 
 
-def _ratio(summary: Dict[str, Any], key: str) -> Tuple[Optional[float], Optional[Tuple]]:
-    ratio = summary.get(key, {}).get("ratios", {}).get("ours")
+def _ratio(
+    summary: Dict[str, Any], key: str, loader: str = "ours"
+) -> Tuple[Optional[float], Optional[Tuple]]:
+    ratio = summary.get(key, {}).get("ratios", {}).get(loader)
     if not ratio or ratio["median"] is None:
         return None, None
     return ratio["median"], (ratio["min"], ratio["max"])
@@ -178,36 +196,173 @@ def scaling(summary: Dict[str, Any], loader: str, pin: bool = False) -> Optional
     return two["samples_per_s"] / (2 * zero["samples_per_s"])
 
 
-def check_targets(summary: Dict[str, Any]) -> List[Target]:
-    """The performance targets of issue 4, evaluated on the medians of the cells that ran."""
+# ---------------------------------------------------------------------------- comparisons
+W5_PROCESS = Cell("W5", 2).key
+W5_THREAD = Cell("W5", 2, thread_pool=True).key
+W5_INLINE = Cell("W5", 0).key
+RECORDITER = "recorditer"
+
+# (name, (cell, loader), (base cell, base loader)): ratios of samples/s paired per round.
+COMPARISONS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str]], ...] = (
+    ("W2 ours process / ours inline", (Cell("W2", 2).key, "ours"), (Cell("W2", 0).key, "ours")),
+    ("W5 ours process / ImageRecordIter", (W5_PROCESS, "ours"), (W5_PROCESS, RECORDITER)),
+    ("W5 gluon process / ImageRecordIter", (W5_PROCESS, "gluon"), (W5_PROCESS, RECORDITER)),
+    ("W5 ours thread / ImageRecordIter", (W5_THREAD, "ours"), (W5_PROCESS, RECORDITER)),
+    ("W5 ours inline / ImageRecordIter", (W5_INLINE, "ours"), (W5_PROCESS, RECORDITER)),
+    ("W5 ours thread / ours process", (W5_THREAD, "ours"), (W5_PROCESS, "ours")),
+    ("W5 gluon thread / gluon process", (W5_THREAD, "gluon"), (W5_PROCESS, "gluon")),
+)
+
+
+def _cross_ratio(
+    runs: Sequence[Dict[str, Any]], top: Tuple[str, str], base: Tuple[str, str]
+) -> Dict[str, Any]:
+    values: Dict[Tuple[str, str], Dict[int, float]] = {top: {}, base: {}}
+    for r in runs:
+        which = (r["cell"], r["loader"])
+        value = r["result"].get("samples_per_s")
+        if which in values and "error" not in r["result"] and value:
+            values[which][r["round"]] = value
+    ratios = [v / values[base][k] for k, v in sorted(values[top].items()) if k in values[base]]
+    return {
+        "median": _median(ratios),
+        "min": min(ratios) if ratios else None,
+        "max": max(ratios) if ratios else None,
+        "per_round": ratios,
+    }
+
+
+def comparisons(runs: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Every ratio of :data:`COMPARISONS` whose two sides ran, paired per round."""
+    out = {}
+    for name, top, base in COMPARISONS:
+        ratio = _cross_ratio(runs, top, base)
+        if ratio["per_round"]:
+            out[name] = ratio
+    return out
+
+
+def summarise_extras(extras: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Medians of the tasks that are not loader runs: W5's single-process rate
+    (``jpeg_per_sample``) and the stacking micro-benchmark (``stacking``)."""
+    out: Dict[str, Any] = {}
+    ok = [e for e in extras if "error" not in e["result"]]
+    probes = [e["result"] for e in ok if e["task"] == "jpeg_per_sample"]
+    if probes:
+        out["jpeg_per_sample"] = {
+            "s_per_sample": _median([p["s_per_sample"] for p in probes]),
+            "cpu_per_sample": _median([p.get("cpu_per_sample") for p in probes]),
+            "samples": probes[0]["samples"],
+            "reps": len(probes),
+        }
+    stacks = [e["result"] for e in ok if e["task"] == "stacking"]
+    if stacks:
+        methods = {}
+        for name in stacks[0]["methods"]:
+            calls = [t for s in stacks for t in s["methods"][name]["times"]]
+            methods[name] = {"median_s": _median(calls), "calls": len(calls)}
+        memcpy = methods.get("memcpy", {}).get("median_s")
+        for m in methods.values():
+            m["x_memcpy"] = m["median_s"] / memcpy if memcpy else None
+        out["stacking"] = {"bytes": stacks[0]["bytes"], "methods": methods, "reps": len(stacks)}
+    errors = [f"{e['task']}: {e['result']['error']}" for e in extras if "error" in e["result"]]
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def w5_ideal(extras: Dict[str, Any], num_workers: int) -> Optional[float]:
+    """W5's ideal img/s with ``num_workers``: that many times the single-process rate."""
+    probe = extras.get("jpeg_per_sample")
+    if not probe or not probe.get("s_per_sample"):
+        return None
+    return max(1, num_workers) / probe["s_per_sample"]
+
+
+# ---------------------------------------------------------------------------- targets
+# (workload, issue 13's need, issue 4's need with pin_memory=True)
+_RATIO_NEEDS = (("W1", 6.0, 4.0), ("W2", 6.0, 3.0), ("W4", 6.0, 2.0))
+
+
+def check_targets(
+    summary: Dict[str, Any],
+    compared: Optional[Dict[str, Dict[str, Any]]] = None,
+    extras: Optional[Dict[str, Any]] = None,
+) -> List[Target]:
+    """The performance targets of issues 4 and 13, on the medians of what ran.
+
+    Issue 13 raised the headline (process workers, ``num_workers=2``) targets of W1, W2, W4
+    (6x) and W3 (0.95 of the ideal) and added W2 process against inline, W5, W6 and the
+    stacking micro-benchmark; the pinned and thread-pool targets are issue 4's.
+    """
+    compared = compared or {}
+    extras = extras or {}
     targets: List[Target] = []
 
-    def ran(key: str) -> bool:
-        loaders = summary.get(key, {}).get("loaders", {})
-        return bool(loaders) and all(m.get("reps") for m in loaders.values())
+    def ran(key: str, loaders: Sequence[str] = ("gluon", "ours")) -> bool:
+        measured = summary.get(key, {}).get("loaders", {})
+        return all(measured.get(name, {}).get("reps") for name in loaders)
+
+    def ratio_target(name: str, key: str, need: float, source: str) -> None:
+        value, spread = _ratio(summary, key)
+        targets.append(Target(name, value, need, "x", spread, source=source))
+
+    def compared_target(name: str, need: float, source: str = "issue 13") -> None:
+        ratio = compared.get(name)
+        if ratio is not None:
+            spread = (ratio["min"], ratio["max"])
+            targets.append(Target(name, ratio["median"], need, "x", spread, source=source))
 
     for pin in (False, True):
         tag = " pin_memory" if pin else ""
-        for workload, need in (("W1", 4.0), ("W2", 3.0), ("W4", 2.0)):
+        source = "issue 4" if pin else "issue 13"
+        for workload, need, pinned_need in _RATIO_NEEDS:
             key = Cell(workload, 2, pin_memory=pin).key
             if not ran(key):
                 continue
-            value, spread = _ratio(summary, key)
-            targets.append(Target(f"{workload}{tag} ours/gluon", value, need, "x", spread))
+            ratio_target(f"{workload}{tag} ours/gluon", key, pinned_need if pin else need, source)
             if workload == "W2" and not pin:
                 loaders = summary[key]["loaders"]
                 diff = loaders["ours"]["peak_rss_mb"] - loaders["gluon"]["peak_rss_mb"]
                 targets.append(
-                    Target("W2 peak RSS, ours - gluon", diff, 0.0, "MB", higher_is_better=False)
+                    Target(
+                        "W2 peak RSS, ours - gluon",
+                        diff,
+                        0.0,
+                        "MB",
+                        higher_is_better=False,
+                        source="issue 4",
+                    )
                 )
+                compared_target("W2 ours process / ours inline", 1.0)
         if ran(Cell("W3", 0).key) and ran(Cell("W3", 2, pin_memory=pin).key):
             frac = scaling(summary, "ours", pin)
-            targets.append(Target(f"W3{tag} ours, fraction of ideal 2x", frac, 0.9, "of ideal"))
+            need = 0.9 if pin else 0.95
+            targets.append(
+                Target(f"W3{tag} ours, fraction of ideal 2x", frac, need, "of ideal", source=source)
+            )
     for workload in ("W1", "W2", "W3"):
         key = Cell(workload, 2, thread_pool=True).key
         if ran(key):
-            value, spread = _ratio(summary, key)
-            targets.append(Target(f"{workload} thread ours/gluon", value, 1.0, "x", spread))
+            ratio_target(f"{workload} thread ours/gluon", key, 1.0, "issue 4")
+    compared_target("W5 ours process / ImageRecordIter", 1.0)
+    if ran(W5_INLINE):
+        ratio_target("W5 inline ours/gluon", W5_INLINE, 1.2, "issue 13")
+    compared_target("W5 ours thread / ours process", 0.9)
+    if ran(Cell("W6", 2).key):
+        ratio_target("W6 ours/gluon", Cell("W6", 2).key, 5.0, "issue 13")
+    stack = extras.get("stacking", {}).get("methods", {})
+    if stack.get("ours", {}).get("x_memcpy") is not None:
+        targets.append(
+            Target(
+                "stacking ours / memcpy (time)",
+                stack["ours"]["x_memcpy"],
+                2.0,
+                "x memcpy",
+                higher_is_better=False,
+                source="issue 13",
+            )
+        )
     return targets
 
 
@@ -233,6 +388,8 @@ def _fmt_target(t: Target) -> Tuple[str, str]:
         return measured, f">= {t.threshold:g}x"
     if t.unit == "MB":
         return f"{t.measured:+.0f} MB", f"<= {t.threshold:g} MB"
+    if t.unit == "x memcpy":
+        return f"{t.measured:.2f}x", f"<= {t.threshold:g}x"
     return f"{t.measured:.3f}", f">= {t.threshold:g}"
 
 
@@ -242,9 +399,21 @@ def markdown(
     targets: Sequence[Target],
     machine: Dict[str, Any],
     meta: Dict[str, Any],
+    compared: Optional[Dict[str, Dict[str, Any]]] = None,
+    extras: Optional[Dict[str, Any]] = None,
 ) -> str:
-    """The results as markdown: the machine, the targets, the full table and W3 scaling."""
-    lines = [
+    """The results as markdown: the machine, the targets, the full table, W3 scaling, W5's
+    pipeline table and the stacking micro-benchmark."""
+    compared = compared or {}
+    extras = extras or {}
+    lines = []
+    if meta.get("quick"):
+        lines += [
+            "**A `--quick` smoke run**: small datasets and one round; the numbers show that "
+            "the machinery works, not how fast anything is.",
+            "",
+        ]
+    lines += [
         f"Measured {meta['date']} on {machine['cpu']} ({machine['cores']} cores, "
         f"{machine['ram_gb']:.0f} GiB), Python {machine['python']}, MXNet {machine['mxnet']}, "
         f"numpy {machine['numpy']}{', torch ' + machine['torch'] if machine.get('torch') else ''}"
@@ -260,12 +429,12 @@ def markdown(
         "",
         "**Targets** (median of per-round ratios, min-max in brackets; `num_workers=2`):",
         "",
-        "| target | measured | need | |",
-        "|---|---|---|---|",
+        "| target | measured | need | set by | |",
+        "|---|---|---|---|---|",
     ]
     for t in targets:
         measured, need = _fmt_target(t)
-        lines.append(f"| {t.name} | {measured} | {need} | {t.status} |")
+        lines.append(f"| {t.name} | {measured} | {need} | {t.source} | {t.status} |")
     lines += [
         "",
         "**All cells** (medians; ratio = ours/gluon samples/s, paired per round; other load ="
@@ -334,7 +503,112 @@ def markdown(
             f"{cal['ms_per_sample']:.2f} ms per sample, fastest of 200 calls "
             f"(target {cal['target_ms']:.1f} ms).",
         ]
+    lines += _w5_lines(summary, compared, extras, meta)
+    lines += _stacking_lines(extras)
+    if extras.get("errors"):
+        lines += ["", "**Tasks that failed:**", ""] + [f"- {e}" for e in extras["errors"]]
     return "\n".join(lines) + "\n"
+
+
+_W5_ROWS = (
+    (W5_PROCESS, RECORDITER, "ImageRecordIter", "C++, preprocess_threads=2"),
+    (W5_PROCESS, "gluon", "gluon", "process"),
+    (W5_PROCESS, "ours", "ours", "process"),
+    (W5_PROCESS, "torch", "torch", "process"),
+    (W5_THREAD, "gluon", "gluon", "thread"),
+    (W5_THREAD, "ours", "ours", "thread"),
+    (W5_INLINE, "gluon", "gluon", "inline"),
+    (W5_INLINE, "ours", "ours", "inline"),
+)
+
+
+def _fmt_ratio(ratio: Optional[Dict[str, Any]]) -> str:
+    if not ratio or ratio.get("median") is None:
+        return "-"
+    return f"{ratio['median']:.2f}x"
+
+
+def _w5_lines(
+    summary: Dict[str, Any],
+    compared: Dict[str, Dict[str, Any]],
+    extras: Dict[str, Any],
+    meta: Dict[str, Any],
+) -> List[str]:
+    if not any(key in summary for key in (W5_PROCESS, W5_THREAD, W5_INLINE)):
+        return []
+    probe = extras.get("jpeg_per_sample")
+    recorditer = {
+        (W5_PROCESS, "ours"): compared.get("W5 ours process / ImageRecordIter"),
+        (W5_PROCESS, "gluon"): compared.get("W5 gluon process / ImageRecordIter"),
+        (W5_THREAD, "ours"): compared.get("W5 ours thread / ImageRecordIter"),
+        (W5_INLINE, "ours"): compared.get("W5 ours inline / ImageRecordIter"),
+    }
+    per_image = "not measured"
+    if probe:
+        cpu = probe.get("cpu_per_sample")
+        per_image = (
+            f"{probe['s_per_sample'] * 1e3:.2f} ms per image (median of {probe['reps']} "
+            f"round(s) of {probe['samples']} `dataset[i]` calls"
+            + (f"; {cpu * 1e3:.2f} ms of CPU)" if cpu else ")")
+        )
+    lines = [
+        "",
+        f"**W5, the JPEG pipeline** ({meta.get('samples', {}).get('W5', '?')} JPEGs of 320x256, "
+        "batch 64, shuffled; img/s are medians, ratios paired per round; the ideal is "
+        f"`max(1, num_workers)` times the single-process rate, {per_image}):",
+        "",
+        "| loader | workers | img/s | vs ImageRecordIter | vs gluon, same workers "
+        "| ideal img/s | of ideal |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, loader, label, mode in _W5_ROWS:
+        entry = summary.get(key)
+        if entry is None or loader not in entry["loaders"]:
+            continue
+        m = entry["loaders"][loader]
+        if not m["reps"]:
+            err = (m["errors"] or ["no runs"])[0]
+            lines.append(f"| {label} | {mode} | failed: {err} | | | | |")
+            continue
+        nw = entry["cell"]["num_workers"]
+        ideal = None if loader == RECORDITER else w5_ideal(extras, nw)
+        vs_gluon = entry["ratios"].get(loader) if loader not in ("gluon", RECORDITER) else None
+        lines.append(
+            f"| {label} | {mode} | {_fmt(m['samples_per_s'])} "
+            f"| {_fmt_ratio(recorditer.get((key, loader)))} | {_fmt_ratio(vs_gluon)} "
+            f"| {_fmt(ideal)} "
+            f"| {_fmt(m['samples_per_s'] / ideal, 2) if ideal else '-'} |"
+        )
+    return lines
+
+
+_STACK_LABELS = {
+    "memcpy": "memcpy of the same bytes (floor)",
+    "ours": "shardloader `default_batchify_fn`, reused buffer",
+    "gluon": "Gluon `default_batchify_fn` (`nd.stack`)",
+    "gluon_mp": "Gluon `default_mp_batchify_fn` (new `cpu_shared` array)",
+}
+
+
+def _stacking_lines(extras: Dict[str, Any]) -> List[str]:
+    stack = extras.get("stacking")
+    if not stack:
+        return []
+    lines = [
+        "",
+        f"**Stacking 64 NDArrays of float32 3x224x224** ({stack['bytes'] / 1e6:.1f} MB per "
+        f"batch; median per call over {stack['reps']} round(s)):",
+        "",
+        "| method | ms per batch | GB/s | time / memcpy |",
+        "|---|---|---|---|",
+    ]
+    for name, m in stack["methods"].items():
+        rate = stack["bytes"] / m["median_s"] / 1e9 if m["median_s"] else None
+        lines.append(
+            f"| {_STACK_LABELS.get(name, name)} | {m['median_s'] * 1e3:.2f} | {_fmt(rate, 2)} "
+            f"| {_fmt(m['x_memcpy'], 2)} |"
+        )
+    return lines
 
 
 def plot(summary: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str) -> Optional[str]:
@@ -402,15 +676,19 @@ def write_results(
     runs: Sequence[Dict[str, Any]],
     machine: Dict[str, Any],
     meta: Dict[str, Any],
+    extras: Sequence[Dict[str, Any]] = (),
 ) -> Dict[str, Any]:
     """Write results.json, results.md and throughput.png into ``out_dir``; return paths,
-    summary and targets."""
+    summary and targets. ``extras`` are the runs of tasks that are not loaders (dicts with
+    ``task``, ``round`` and ``result``)."""
     os.makedirs(out_dir, exist_ok=True)
     meta = dict(meta)
     meta["foreign_cores"] = _median([r["result"].get("foreign_cores") for r in runs])
     summary = summarise(cells, runs)
-    targets = check_targets(summary)
-    md = markdown(cells, summary, targets, machine, meta)
+    compared = comparisons(runs)
+    extra_summary = summarise_extras(extras)
+    targets = check_targets(summary, compared, extra_summary)
+    md = markdown(cells, summary, targets, machine, meta, compared, extra_summary)
     paths = {
         "json": os.path.join(out_dir, "results.json"),
         "md": os.path.join(out_dir, "results.md"),
@@ -427,6 +705,8 @@ def write_results(
                 "meta": meta,
                 "cells": [{**_cell_dict(c), "key": c.key} for c in cells],
                 "summary": summary,
+                "comparisons": compared,
+                "extras_summary": extra_summary,
                 "targets": [
                     {
                         "name": t.name,
@@ -435,19 +715,29 @@ def write_results(
                         "unit": t.unit,
                         "spread": t.spread,
                         "status": t.status,
+                        "source": t.source,
                     }
                     for t in targets
                 ],
                 "runs": list(runs),
+                "extras": list(extras),
             },
             f,
             indent=1,
         )
-    return {"paths": paths, "summary": summary, "targets": targets, "markdown": md}
+    return {
+        "paths": paths,
+        "summary": summary,
+        "comparisons": compared,
+        "extras": extra_summary,
+        "targets": targets,
+        "markdown": md,
+    }
 
 
 def load_results(path: str) -> Tuple[List[Cell], List[Dict[str, Any]], Dict[str, Any], Dict]:
-    """The cells, raw runs, machine and meta of a results.json, to report them again."""
+    """The cells, raw runs, machine and meta of a results.json, to report them again (the
+    extra tasks' runs are in ``meta["extras"]``)."""
     with open(path) as f:
         saved = json.load(f)
     fields = ("workload", "num_workers", "pin_memory", "thread_pool", "reps")
@@ -460,7 +750,8 @@ def load_results(path: str) -> Tuple[List[Cell], List[Dict[str, Any]], Dict[str,
         cell = Cell(*(c[k] for k in fields))
         order = [x for x in ("gluon", "ours", "torch") if x in loaders.get(cell.key, [])]
         cells.append(Cell(*(c[k] for k in fields), tuple(order) or cell.loaders))
-    return cells, saved["runs"], saved["machine"], saved["meta"]
+    meta = dict(saved["meta"], extras=saved.get("extras", []))
+    return cells, saved["runs"], saved["machine"], meta
 
 
 def publish(md: str, png: Optional[str], doc_path: str, img_path: str) -> None:

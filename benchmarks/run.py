@@ -8,10 +8,16 @@ round, keeps a burst of load on a shared machine from deciding a ratio.
 
 Examples
 --------
-    python -m benchmarks.run                   # the full run (under 10 minutes on 2 cores)
-    python -m benchmarks.run --quick           # a smoke run in about a minute
+    python -m benchmarks.run                   # the full run (about 10 minutes on 2 cores)
+    python -m benchmarks.run --quick           # a smoke run in about two minutes
     python -m benchmarks.run --workloads W1,W3 --reps 5
+    python -m benchmarks.run --workloads W5,STACK --quick
     python -m benchmarks.run --publish         # also update docs/benchmarks.md and its plot
+
+Besides the loader cells, every round runs two tasks in fresh processes when their
+workloads are asked for: W5's single-process rate (``jpeg_per_sample``, for the ideal) and
+the NDArray stacking micro-benchmark (``STACK``, :mod:`benchmarks.micro`). W5's records are
+generated once, before the first round, into ``<out>/data`` (and reused by later runs).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import report
 from .harness import run_isolated
@@ -41,38 +47,71 @@ _DOC_IMG = os.path.join(_ROOT, "docs", "img", "throughput.png")
 
 _HEADLINE_REPS = 5
 _REPS = 3
-_BUDGET_S = 540.0  # stop adding rounds beyond the minimum past this (make bench: < 10 min)
+_BUDGET_S = 720.0  # stop adding rounds beyond the minimum past this (make bench: ~10 min)
 _RUN_TIMEOUT_S = 180.0
 _W3_TARGET_S = 1e-3
+# Not a loader workload: the NDArray stacking micro-benchmark (benchmarks.micro).
+STACK = "STACK"
+_TASKS = {"W5": "jpeg_per_sample", STACK: "stacking"}
+# The tasks' sizes: (full, --quick).
+_PROBE_SAMPLES = (300, 48)
+_STACK_ROUNDS = (25, 5)
 
 
 def build_plan(
     workloads: Sequence[str], reps: Optional[int], headline_reps: int, with_torch: bool
 ) -> List[Cell]:
-    """The cells to measure. ``num_workers=2`` with process workers is the headline."""
+    """The cells to measure. ``num_workers=2`` with process workers is the headline.
+
+    W1-W4 run with and without ``pin_memory`` and (W1-W3) with thread workers; W1 and W2
+    sweep ``num_workers``. W5 runs inline, with process workers (where ImageRecordIter, with
+    ``preprocess_threads=2``, joins the two loaders) and with thread workers. W6 runs inline
+    and with process workers. ``STACK`` is not a cell (see :func:`build_tasks`).
+    """
     cells: List[Cell] = []
 
     def add(workload: str, nw: int, pin: bool = False, thread: bool = False) -> None:
         headline = nw == 2 and not pin and not thread
         n = reps if reps is not None else (headline_reps if headline else _REPS)
-        loaders = ("gluon", "ours")
-        if with_torch and workload != "W4" and not pin and not thread:
+        loaders: Tuple[str, ...] = ("gluon", "ours")
+        if workload == "W5" and headline:
+            loaders += ("recorditer",)
+        if with_torch and workload != "W4" and not pin and not thread and nw > 0:
             loaders += ("torch",)
         cells.append(Cell(workload, nw, pin, thread, n, loaders))
 
     for workload in workloads:
+        if workload == STACK:
+            continue
         if workload in ("W1", "W2"):
             for nw in (0, 1, 2, 4):  # the sweep for the plot
                 add(workload, nw)
-        elif workload == "W3":
+        elif workload in ("W3", "W5", "W6"):
             add(workload, 0)
             add(workload, 2)
         else:
             add(workload, 2)
-        add(workload, 2, pin=True)
-        if workload != "W4":
+        if workload in ("W1", "W2", "W3", "W4"):
+            add(workload, 2, pin=True)
+        if workload in ("W1", "W2", "W3", "W5"):
             add(workload, 2, thread=True)
     return cells
+
+
+def build_tasks(
+    workloads: Sequence[str], quick: bool, case_extra: Dict[str, Dict[str, Any]]
+) -> List[Dict[str, Any]]:
+    """The tasks every round runs besides the cells: W5's single-process rate (with W5)
+    and the stacking micro-benchmark (with ``STACK``)."""
+    tasks: List[Dict[str, Any]] = []
+    if "W5" in workloads:
+        count = _PROBE_SAMPLES[1 if quick else 0]
+        tasks.append(
+            {"task": "jpeg_per_sample", "rec_path": case_extra["W5"]["rec_path"], "count": count}
+        )
+    if STACK in workloads:
+        tasks.append({"task": "stacking", "rounds": _STACK_ROUNDS[1 if quick else 0]})
+    return tasks
 
 
 def machine_info() -> Dict[str, Any]:
@@ -152,6 +191,21 @@ def _line(cell: Cell, loader: str, round_: int, rounds: int, result: Dict[str, A
     )
 
 
+def _task_line(task: Dict[str, Any], round_: int, rounds: int, result: Dict[str, Any]) -> str:
+    head = f"[{round_ + 1}/{rounds}] {'task ' + task['task']:<31}"
+    if "error" in result:
+        return f"{head} ERROR {result['error']}"
+    if task["task"] == "jpeg_per_sample":
+        return (
+            f"{head} {result['s_per_sample'] * 1e3:.2f} ms per image in one process "
+            f"({result['samples_per_s']:,.0f} img/s)  ({result['process_s']:.1f} s)"
+        )
+    medians = ", ".join(
+        f"{name} {m['median_s'] * 1e3:.1f}" for name, m in result.get("methods", {}).items()
+    )
+    return f"{head} ms per batch: {medians}  ({result['process_s']:.1f} s)"
+
+
 def run_rounds(
     cells: Sequence[Cell],
     case_extra: Dict[str, Any],
@@ -160,19 +214,25 @@ def run_rounds(
     started: float,
     timeout_s: float,
     raw_path: str,
+    tasks: Sequence[Dict[str, Any]] = (),
+    task_rounds: int = _REPS,
 ) -> Dict[str, Any]:
     """Run every cell's repetitions, one round at a time; stop adding rounds past the
     minimum when the next one would overrun ``budget_s``. The raw runs so far are saved
-    to ``raw_path`` after every round."""
+    to ``raw_path`` after every round. ``tasks`` (see :func:`build_tasks`) run at the start
+    of each of the first ``task_rounds`` rounds."""
     runs: List[Dict[str, Any]] = []
-    rounds = max(c.reps for c in cells)
+    extras: List[Dict[str, Any]] = []
+    rounds = max([c.reps for c in cells] + ([task_rounds] if tasks else [1]))
     cell_cost: Dict[str, float] = {}
     loads: List[float] = []
     skipped = 0
     for round_ in range(rounds):
         todo = [c for c in cells if c.reps > round_]
+        todo_tasks = list(tasks) if round_ < task_rounds else []
         elapsed = time.perf_counter() - started
         estimate = sum(cell_cost.get(c.key, 0.0) for c in todo)
+        estimate += sum(cell_cost.get("task " + t["task"], 0.0) for t in todo_tasks)
         if round_ >= min_rounds and elapsed + estimate > budget_s:
             skipped = rounds - round_
             print(
@@ -181,7 +241,15 @@ def run_rounds(
             )
             break
         loads.append(os.getloadavg()[0])
-        print(f"-- round {round_ + 1}/{rounds}: {len(todo)} cells, load average {loads[-1]:.1f}")
+        print(
+            f"-- round {round_ + 1}/{rounds}: {len(todo)} cells"
+            f"{f', {len(todo_tasks)} tasks' if todo_tasks else ''}, load average {loads[-1]:.1f}"
+        )
+        for task in todo_tasks:
+            result = run_isolated(task, timeout_s=timeout_s)
+            cell_cost["task " + task["task"]] = result.get("process_s", 0.0)
+            extras.append({"task": task["task"], "round": round_, "result": result})
+            print(_task_line(task, round_, rounds, result), flush=True)
         for index, cell in enumerate(todo):
             spent = 0.0
             for loader in _loader_order(cell, index, round_):
@@ -200,8 +268,14 @@ def run_rounds(
             cell_cost[cell.key] = spent
         os.makedirs(os.path.dirname(raw_path), exist_ok=True)
         with open(raw_path, "w") as f:
-            json.dump(runs, f)
-    return {"runs": runs, "rounds": rounds - skipped, "skipped_rounds": skipped, "loads": loads}
+            json.dump({"runs": runs, "extras": extras}, f)
+    return {
+        "runs": runs,
+        "extras": extras,
+        "rounds": rounds - skipped,
+        "skipped_rounds": skipped,
+        "loads": loads,
+    }
 
 
 def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -211,7 +285,10 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="few samples, 1 repetition")
     parser.add_argument(
-        "--workloads", default=",".join(WORKLOADS), help="comma-separated, e.g. W1,W3"
+        "--workloads",
+        default=",".join([*WORKLOADS, STACK]),
+        help="comma-separated, e.g. W1,W3; STACK is the NDArray stacking micro-benchmark "
+        "(default: all)",
     )
     parser.add_argument("--reps", type=int, help="repetitions of every cell (default 5/3)")
     parser.add_argument("--publish", action="store_true", help="update docs/benchmarks.md")
@@ -236,9 +313,9 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.workloads = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
-    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    unknown = sorted(set(args.workloads) - set(WORKLOADS) - {STACK})
     if unknown:
-        parser.error(f"unknown workloads {unknown}; choose from {sorted(WORKLOADS)}")
+        parser.error(f"unknown workloads {unknown}; choose from {[*sorted(WORKLOADS), STACK]}")
     if args.reps is not None and args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
     return args
@@ -249,7 +326,9 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def _finish(args: argparse.Namespace, cells, runs, machine, meta) -> int:
-    out = report.write_results(args.out, cells, runs, machine, meta)
+    meta = dict(meta)
+    extras = meta.pop("extras", [])
+    out = report.write_results(args.out, cells, runs, machine, meta, extras)
     print()
     print(out["markdown"])
     for path in out["paths"].values():
@@ -258,10 +337,11 @@ def _finish(args: argparse.Namespace, cells, runs, machine, meta) -> int:
     if args.publish:
         report.publish(out["markdown"], out["paths"]["png"], _DOC, _DOC_IMG)
         print(f"published to {os.path.relpath(_DOC, _ROOT)} and {os.path.relpath(_DOC_IMG, _ROOT)}")
-    failed = [t.name for t in out["targets"] if t.status == "FAIL"]
+    missed = [t.name for t in out["targets"] if t.status == "MISS"]
     print(
         f"total {meta['total_s']:.0f} s; targets: "
-        f"{sum(t.status == 'PASS' for t in out['targets'])} pass, {len(failed)} fail"
+        f"{sum(t.status == 'PASS' for t in out['targets'])} pass, {len(missed)} missed"
+        + (f" ({', '.join(missed)})" if missed else "")
     )
     return 0
 
@@ -281,9 +361,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     reps = 1 if args.quick and args.reps is None else args.reps
     cells = build_plan(args.workloads, reps, _HEADLINE_REPS, with_torch)
     case_extra: Dict[str, Dict[str, Any]] = {}
+    loader_workloads = [w for w in args.workloads if w in WORKLOADS]
     if args.quick:
-        for w in args.workloads:
+        for w in loader_workloads:
             case_extra[w] = {"samples": WORKLOADS[w].quick_samples}
+    if "W5" in args.workloads:
+        n = WORKLOADS["W5"].quick_samples if args.quick else WORKLOADS["W5"].samples
+        t = time.perf_counter()
+        # In a fresh process, like every measurement: this one never imports MXNet.
+        made = run_isolated(
+            {"task": "jpeg_records", "folder": os.path.join(args.out, "data"), "n": n},
+            timeout_s=args.timeout_s,
+        )
+        if "error" in made:
+            print(f"W5: could not write the JPEG records: {made['error']}", file=sys.stderr)
+            return 1
+        rec_path = made["rec_path"]
+        case_extra.setdefault("W5", {}).update(rec_path=rec_path, samples=n)
+        print(
+            f"W5: {n} JPEGs of 320x256 in {os.path.relpath(rec_path, _ROOT)} "
+            f"({os.path.getsize(rec_path) / 2**20:.1f} MiB, {time.perf_counter() - t:.1f} s)"
+        )
+    tasks = build_tasks(args.workloads, args.quick, case_extra)
     calibration = None
     if "W3" in args.workloads:
         passes, seconds = calibrate_cpu_work(_W3_TARGET_S)
@@ -295,17 +394,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         case_extra.setdefault("W3", {})["work_passes"] = passes
         print(f"W3: {passes} numpy passes per sample = {seconds * 1e3:.2f} ms (fastest of 200)")
     print(
-        f"{len(cells)} cells, loaders {'gluon, ours' + (', torch' if with_torch else '')}; "
+        f"{len(cells)} cells, loaders gluon, ours"
+        f"{', ImageRecordIter (W5)' if 'W5' in args.workloads else ''}"
+        f"{', torch' if with_torch else ''}; "
         f"{machine['cpu']}, {machine['cores']} cores, load average {load_start:.1f}"
     )
+    task_rounds = reps if reps is not None else _REPS
     done = run_rounds(
         cells,
         case_extra,
         args.budget_s,
-        min(_REPS, max(c.reps for c in cells)),
+        min(_REPS, max([c.reps for c in cells] + [task_rounds])),
         started,
         args.timeout_s,
         os.path.join(args.out, "runs.partial.json"),
+        tasks,
+        task_rounds,
     )
     changed = source_fingerprint() != fingerprint
     if changed:
@@ -328,8 +432,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "load_end": os.getloadavg()[0],
         "calibration": calibration,
         "samples": {
-            w: case_extra.get(w, {}).get("samples", WORKLOADS[w].samples) for w in args.workloads
+            w: case_extra.get(w, {}).get("samples", WORKLOADS[w].samples) for w in loader_workloads
         },
+        "extras": done["extras"],
     }
     return _finish(args, cells, done["runs"], machine, meta)
 

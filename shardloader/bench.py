@@ -111,18 +111,96 @@ def _load_file(path: str) -> Any:
     return module
 
 
+# The image pipeline of ``--recordio``: ImageNet's channel statistics, as most users write.
+_MEAN = (0.485, 0.456, 0.406)
+_STD = (0.229, 0.224, 0.225)
+_DEFAULT_CROP = 224
+
+
+def image_pipeline(rec_path: str, crop: int = _DEFAULT_CROP) -> Any:
+    """Gluon's ``ImageRecordDataset`` over ``rec_path`` with the training augmentation most
+    Gluon image models use: ``RandomResizedCrop(crop)``, ``RandomFlipLeftRight()``,
+    ``ToTensor()``, ``Normalize(mean, std)`` (ImageNet's), applied with ``transform_first``.
+    Samples are ``(float32 3 x crop x crop NDArray, label)``."""
+    from mxnet.gluon.data.vision import ImageRecordDataset
+    from mxnet.gluon.data.vision import transforms as T
+
+    augment = T.Compose(
+        [
+            T.RandomResizedCrop(crop),
+            T.RandomFlipLeftRight(),
+            T.ToTensor(),
+            T.Normalize(_MEAN, _STD),
+        ]
+    )
+    return ImageRecordDataset(rec_path).transform_first(augment)
+
+
+def _check_record_files(rec_path: str) -> str:
+    """The index path of ``rec_path``, or a BenchError saying what is missing."""
+    if os.path.isdir(rec_path):
+        raise BenchError(f"--recordio: {rec_path!r} is a directory, not a .rec file")
+    if not os.path.isfile(rec_path):
+        raise BenchError(f"--recordio: no such file {rec_path!r}")
+    idx_path = os.path.splitext(rec_path)[0] + ".idx"
+    if not os.path.isfile(idx_path):
+        raise BenchError(
+            f"--recordio: no index {idx_path!r} next to {rec_path!r}. The benchmark reads "
+            "images at random positions, which needs the index; write the records with one "
+            "(mx.recordio.MXIndexedRecordIO, im2rec, or shardloader.recordio.pack_images)"
+        )
+    if os.path.getsize(idx_path) == 0:
+        raise BenchError(f"--recordio: the index {idx_path!r} is empty")
+    return idx_path
+
+
+def _first_sample(dataset: Any, rec_path: str, what: str) -> None:
+    """Load sample 0 once, so that a file that is not what it should be fails here, in one
+    line, and not inside a worker."""
+    try:
+        sample = dataset[0]
+        first = sample[0] if isinstance(sample, (tuple, list)) else sample
+        wait = getattr(first, "wait_to_read", None)
+        if wait is not None:
+            wait()
+    except Exception as exc:  # noqa: BLE001 - any failure here is the file's
+        raise BenchError(
+            f"--recordio: cannot read record 0 of {rec_path!r} as {what}: {_one_line(exc)}"
+        ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: last line of the message`` (MXNet's errors carry a C++ trace; the last line
+    says what failed, and often starts with the type's name already)."""
+    name = type(exc).__name__
+    last = (str(exc).strip().splitlines() or [""])[-1].strip()
+    while last.startswith(name + ":"):
+        last = last[len(name) + 1 :].strip()
+    return f"{name}: {last}" if last else name
+
+
 def _load_dataset(args: argparse.Namespace) -> Tuple[Any, str, Optional[Callable]]:
     """The dataset, a description of it, and the batchify function both loaders get."""
     if args.recordio:
         from .recordio import ImageRecordDataset, RecordDataset
 
-        if not os.path.isfile(args.recordio):
-            raise BenchError(f"--recordio: no such file {args.recordio!r}")
+        _check_record_files(args.recordio)
         if args.raw:
             from .batchify import List as ListBatchify
 
             return RecordDataset(args.recordio), f"raw records of {args.recordio}", ListBatchify()
-        return ImageRecordDataset(args.recordio), f"decoded images of {args.recordio}", None
+        if getattr(args, "no_transform", False):
+            dataset = ImageRecordDataset(args.recordio)
+            _first_sample(dataset, args.recordio, "an image")
+            return dataset, f"decoded images of {args.recordio}", None
+        crop = getattr(args, "crop_size", None) or _DEFAULT_CROP
+        dataset = image_pipeline(args.recordio, crop)
+        _first_sample(dataset, args.recordio, "an image")
+        described = (
+            f"{args.recordio} through Gluon's ImageRecordDataset + RandomResizedCrop({crop}), "
+            f"RandomFlipLeftRight, ToTensor, Normalize"
+        )
+        return dataset, described, None
     made = resolve_factory(args.dataset)
     if callable(made):
         _check_no_arguments(made, args.dataset)
@@ -257,6 +335,7 @@ def measure(
     epochs: Optional[int],
     step_s: float = 0.0,
     rss: Optional[PeakRSS] = None,
+    progress: Optional[Callable[[int], Any]] = None,
 ) -> Dict[str, Any]:
     """Build a loader with ``make`` and read ``batches`` batches (or ``epochs`` epochs).
 
@@ -271,6 +350,8 @@ def measure(
         Seconds to sleep after each batch, standing in for a training step.
     rss : PeakRSS, optional
         Tracks the peak memory of the run.
+    progress : callable, optional
+        Called with 1 after every batch (a progress bar's ``update``).
 
     Returns
     -------
@@ -283,7 +364,7 @@ def measure(
         start = time.perf_counter()
         loader = make()
         try:
-            counts = _read(loader, batches, epochs, step_s, start)
+            counts = _read(loader, batches, epochs, step_s, start, progress)
         finally:
             _close(loader)
             del loader
@@ -292,7 +373,7 @@ def measure(
     return counts
 
 
-def _read(loader, batches, epochs, step_s, start) -> Dict[str, Any]:
+def _read(loader, batches, epochs, step_s, start, progress=None) -> Dict[str, Any]:
     first_at = None
     waited = steady = 0.0
     count = samples = steady_samples = nbytes = 0
@@ -310,6 +391,8 @@ def _read(loader, batches, epochs, step_s, start) -> Dict[str, Any]:
                 steady_samples += size
             count, samples = count + 1, samples + size
             del data, batch
+            if progress is not None:
+                progress(1)
             if batches is not None and count >= batches:
                 break
             if step_s:
@@ -347,12 +430,18 @@ def _timed(loader):
 
 
 # ------------------------------------------------------------------------------ the command
+def _shuffled(args: argparse.Namespace) -> bool:
+    """``--shuffle``, or the ``--recordio`` image pipeline, which trains shuffled."""
+    pipeline = bool(args.recordio) and not args.raw and not getattr(args, "no_transform", False)
+    return bool(args.shuffle) or pipeline
+
+
 def _factories(dataset, batchify_fn, args) -> Dict[str, Callable[[int], Any]]:
     from mxnet import gluon
 
     from . import ShardedDataLoader
 
-    common = dict(batch_size=args.batch_size, shuffle=args.shuffle, thread_pool=args.thread_pool)
+    common = dict(batch_size=args.batch_size, shuffle=_shuffled(args), thread_pool=args.thread_pool)
     if batchify_fn is not None:
         common["batchify_fn"] = batchify_fn
     return {
@@ -361,44 +450,89 @@ def _factories(dataset, batchify_fn, args) -> Dict[str, Callable[[int], Any]]:
     }
 
 
-def _measure_one(makers, name: str, workers: int, args, batches, rss) -> Dict[str, Any]:
+def _measure_one(makers, name: str, workers: int, args, batches, rss, progress=None) -> Dict:
+    """One run; a loader that fails on the dataset gives a row with ``error`` (Gluon's record
+    datasets, for one, may fail under thread workers), any other problem raises."""
     try:
         return measure(
-            partial(makers[name], workers), batches, args.epochs, args.step_ms / 1e3, rss
+            partial(makers[name], workers),
+            batches,
+            args.epochs,
+            args.step_ms / 1e3,
+            rss,
+            progress,
         )
     except BenchError:
         raise
-    except Exception as exc:
-        raise BenchError(
-            f"{name} with num_workers={workers} failed on this dataset: {type(exc).__name__}: {exc}"
-        ) from exc
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        return {"error": _one_line(exc)[:200]}
 
 
 def _median_run(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The run with the median throughput, with the highest peak RSS of all runs."""
+    """The run with the median throughput, with the highest peak RSS of all runs; a failure
+    if any run failed."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        note = f" ({len(failed)} of {len(runs)} runs)" if len(runs) > 1 else ""
+        return {"error": failed[0]["error"] + note}
     ranked = sorted(runs, key=lambda r: r["samples_per_s"])
     return {**ranked[len(ranked) // 2], "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
 
 
-def _measure_all(makers, args: argparse.Namespace, batches: Optional[int]) -> List[Dict]:
+def _progress_bar(total: Optional[int], enabled: Optional[bool]) -> Any:
+    """A tqdm bar over every measured batch, on stderr. ``enabled=None``: only on a
+    terminal, and only once the run has lasted a second (short runs never show one)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        unit="batch",
+        desc="bench",
+        disable=False if enabled else None if enabled is None else True,
+        delay=1.0 if enabled is None else 0.0,
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+
+def _planned_batches(dataset_len: int, args: argparse.Namespace, batches) -> Optional[int]:
+    if batches is not None:
+        per_run = batches
+    else:
+        per_run = args.epochs * max(1, -(-dataset_len // args.batch_size))
+    return per_run * len(args.workers) * len(LOADERS) * args.repeat
+
+
+def _measure_all(makers, args: argparse.Namespace, batches: Optional[int], total=None) -> List:
     """One row per (workers, loader): the two loaders interleaved, ``--repeat`` rounds."""
     rss = PeakRSS()
-    print(f"peak RSS by {rss.method}")
+    print(f"peak RSS by {rss.method}", flush=True)
     # Untimed: fills the page cache and runs one-time imports before the first timed row.
-    for make in makers.values():
-        measure(partial(make, 0), _WARMUP_BATCHES, None)
+    for name, make in makers.items():
+        try:
+            measure(partial(make, 0), _WARMUP_BATCHES, None)
+        except Exception as exc:
+            if name == "shardloader":
+                raise BenchError(f"shardloader failed on this dataset: {_one_line(exc)}") from exc
+            # Gluon's own failure shows in its rows.
     runs: Dict[Tuple[int, str], List[Dict[str, Any]]] = {}
-    for _ in range(args.repeat):
-        for i, workers in enumerate(args.workers):
-            # Alternate which loader goes first, so neither always inherits a warmer machine.
-            for name in LOADERS if i % 2 == 0 else LOADERS[::-1]:
-                result = _measure_one(makers, name, workers, args, batches, rss)
-                runs.setdefault((workers, name), []).append(result)
+    with _progress_bar(total, getattr(args, "progress", None)) as bar:
+        for _ in range(args.repeat):
+            for i, workers in enumerate(args.workers):
+                # Alternate which loader goes first, so neither always inherits a warmer
+                # machine.
+                for name in LOADERS if i % 2 == 0 else LOADERS[::-1]:
+                    bar.set_postfix_str(f"{name}, num_workers={workers}", refresh=False)
+                    result = _measure_one(makers, name, workers, args, batches, rss, bar.update)
+                    runs.setdefault((workers, name), []).append(result)
     rows = [
         {"loader": name, "workers": workers, **_median_run(results)}
         for (workers, name), results in runs.items()
     ]
     rows.sort(key=lambda r: (r["workers"], LOADERS.index(r["loader"])))
+    ours = [r for r in rows if r["loader"] == "shardloader"]
+    if all("error" in r for r in ours):
+        raise BenchError(f"shardloader failed on this dataset: {ours[0]['error']}")
     return rows
 
 
@@ -442,14 +576,16 @@ def run(args: argparse.Namespace) -> int:
     batches = None if args.epochs else (args.batches or _DEFAULT_BATCHES)
     amount = f"{args.epochs} epoch(s)" if args.epochs else f"{batches} batches"
     pool = "threads" if args.thread_pool else "processes"
-    step = f", {args.step_ms:g} ms simulated step" if args.step_ms else ""
+    step = ", shuffled" if _shuffled(args) else ""
+    step += f", {args.step_ms:g} ms simulated step" if args.step_ms else ""
     if args.repeat > 1:
         step += f", the median of {args.repeat} runs per row"
     print(
         f"shardloader bench: {described}, {len(dataset):,} samples, batch size "
         f"{args.batch_size}, {amount} per run, workers are {pool}{step}"
     )
-    rows = _measure_all(_factories(dataset, batchify_fn, args), args, batches)
+    total = _planned_batches(len(dataset), args, batches)
+    rows = _measure_all(_factories(dataset, batchify_fn, args), args, batches, total)
     _report(rows, args)
     if args.plot:
         plot(rows, args.plot, f"{described}, batch {args.batch_size}")

@@ -17,7 +17,8 @@ _PREFETCH_BUDGET_BYTES = 256 * 1024 * 1024
 
 
 def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Tuple[int, int, List[str]]:
-    """Choose ``num_workers`` and ``prefetch`` from shardloader's rows, and say why.
+    """Choose ``num_workers`` and ``prefetch`` from shardloader's rows (those that did not
+    fail), and say why.
 
     Returns
     -------
@@ -25,7 +26,7 @@ def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Tuple[int, int, Lis
         The worker count, the prefetch (0 when ``num_workers`` is 0; it does not apply) and
         one line of explanation for each.
     """
-    ours = [r for r in rows if r["loader"] == "shardloader"]
+    ours = [r for r in rows if r["loader"] == "shardloader" and "error" not in r]
     best = max(ours, key=lambda r: r["samples_per_s"])
     why = []
     calm = [r for r in ours if r["stall"] is not None and r["stall"] <= _ACCEPTABLE_STALL]
@@ -74,8 +75,11 @@ def format_table(rows: List[Dict[str, Any]]) -> List[str]:
         f"{'first batch':>13}{'peak RSS':>11}{'vs gluon':>10}"
     )
     lines = [header, "-" * len(header)]
-    gluon = {r["workers"]: r for r in rows if r["loader"] == "gluon"}
+    gluon = {r["workers"]: r for r in rows if r["loader"] == "gluon" and "error" not in r}
     for r in rows:
+        if "error" in r:
+            lines.append(f"{r['workers']:>7}  {r['loader']:<12}  failed: {r['error']}")
+            continue
         stall = "-" if r["stall"] is None else f"{r['stall']:.1%}"
         ratio = ""
         if r["loader"] == "shardloader" and r["workers"] in gluon:
@@ -96,7 +100,10 @@ def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in LOADERS:
-        mine = sorted((r for r in rows if r["loader"] == name), key=lambda r: r["workers"])
+        mine = sorted(
+            (r for r in rows if r["loader"] == name and "error" not in r),
+            key=lambda r: r["workers"],
+        )
         ax.plot([r["workers"] for r in mine], [r["samples_per_s"] for r in mine], "o-", label=name)
     ax.set_xticks(sorted({r["workers"] for r in rows}))
     ax.set_xlabel("num_workers")

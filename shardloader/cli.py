@@ -119,7 +119,14 @@ def _add_bench(subparsers) -> None:
             "examples:\n"
             "  shardloader bench --dataset mypkg.data:make_dataset --batch-size 64\n"
             "  shardloader bench --dataset ./data.py:build --workers 0,2,4 --plot bench.png\n"
-            "  shardloader bench --recordio train.rec --batch-size 128 --epochs 1"
+            "  shardloader bench --recordio train.rec --batch-size 64 --workers 0,1,2,4\n"
+            "  shardloader bench --recordio train.rec --no-transform --epochs 1\n"
+            "\n"
+            "With --recordio, every sample goes through the image pipeline most Gluon users\n"
+            "train with: mx.gluon.data.vision.ImageRecordDataset(FILE.rec).transform_first(\n"
+            "Compose([RandomResizedCrop(SIZE), RandomFlipLeftRight(), ToTensor(),\n"
+            "Normalize(ImageNet mean, std)])), shuffled. The index FILE.idx must sit next to\n"
+            "FILE.rec, where Gluon looks for it."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -129,11 +136,29 @@ def _add_bench(subparsers) -> None:
         metavar="MODULE:FACTORY",
         help="a callable returning a dataset: 'package.module:factory' or 'path/file.py:factory'",
     )
-    source.add_argument("--recordio", metavar="FILE.rec", help="an indexed RecordIO image file")
-    bench.add_argument(
+    source.add_argument(
+        "--recordio",
+        metavar="FILE.rec",
+        help="an indexed RecordIO image file (with FILE.idx next to it): decoded and "
+        "augmented by Gluon's vision transforms (see below)",
+    )
+    recordio = bench.add_mutually_exclusive_group()
+    recordio.add_argument(
         "--raw",
         action="store_true",
         help="with --recordio: read raw records (RecordDataset) instead of decoding images",
+    )
+    recordio.add_argument(
+        "--no-transform",
+        action="store_true",
+        help="with --recordio: decode the images but apply no transform (they must all "
+        "have one size to batch)",
+    )
+    bench.add_argument(
+        "--crop-size",
+        type=_positive_int,
+        metavar="PX",
+        help="with --recordio: the RandomResizedCrop size (default 224)",
     )
     bench.add_argument(
         "--batch-size", type=_positive_int, default=32, help="samples per batch (default 32)"
@@ -167,7 +192,18 @@ def _add_bench(subparsers) -> None:
         help="measure every configuration R times and report the median (default 1)",
     )
     bench.add_argument("--plot", metavar="OUT.png", help="save a plot (needs matplotlib)")
-    bench.set_defaults(handler=_run_bench, subparser=bench)
+    progress = bench.add_mutually_exclusive_group()
+    progress.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_const",
+        const=True,
+        help="always show a progress bar (default: on a terminal, for runs over a second)",
+    )
+    progress.add_argument(
+        "--no-progress", dest="progress", action="store_const", const=False, help="never show one"
+    )
+    bench.set_defaults(handler=_run_bench, subparser=bench, progress=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,6 +244,10 @@ def _run_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _run_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.raw and not args.recordio:
         parser.error("--raw goes with --recordio")
+    if args.no_transform and not args.recordio:
+        parser.error("--no-transform goes with --recordio")
+    if args.crop_size is not None and (not args.recordio or args.raw or args.no_transform):
+        parser.error("--crop-size goes with --recordio, without --raw or --no-transform")
     from . import bench
 
     try:

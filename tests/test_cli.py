@@ -53,8 +53,9 @@ def assert_clean(proc: subprocess.CompletedProcess) -> str:
         ([], ["demo", "bench", "--version"]),
         (["demo"], ["--epochs", "--num-workers", "--batch-size", "--gluon", "--resume",
                     "--stop-after-batches", "--cache-dir"]),
-        (["bench"], ["--dataset", "--recordio", "--raw", "--batch-size", "--workers",
-                     "--batches", "--epochs", "--thread-pool", "--step-ms", "--repeat", "--plot"]),
+        (["bench"], ["--dataset", "--recordio", "--raw", "--no-transform", "--crop-size",
+                     "--batch-size", "--workers", "--batches", "--epochs", "--thread-pool",
+                     "--step-ms", "--repeat", "--plot", "--progress", "--no-progress"]),
     ],
 )  # fmt: skip
 def test_help_lists_every_option(tmp_path, command, expected):
@@ -99,6 +100,10 @@ def test_help_does_not_import_the_subcommands(tmp_path):
         (["bench", "--dataset", "json:dumps"], "called without arguments"),
         (["bench", "--dataset", FACTORY + ":make", "--raw"], "--raw goes with --recordio"),
         (["bench", "--dataset", FACTORY + ":make", "--workers", "1,x"], "comma-separated"),
+        (["bench", "--dataset", FACTORY + ":make", "--no-transform"], "goes with --recordio"),
+        (["bench", "--dataset", FACTORY + ":make", "--crop-size", "32"], "goes with --recordio"),
+        (["bench", "--recordio", "x.rec", "--raw", "--no-transform"], "not allowed with"),
+        (["bench", "--recordio", "no_such_file.rec"], "no such file 'no_such_file.rec'"),
         (["demo", "--gluon", "--resume"], "cannot be combined"),
     ],
 )
@@ -139,6 +144,68 @@ def test_bench_prints_a_table_and_a_recommendation(tmp_path):
     assert re.search(r"^Recommendation: num_workers=[01]", proc.stdout, re.MULTILINE)
     assert "within 5% of the best throughput" in proc.stdout
     assert plot.read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.fixture(scope="module")
+def small_rec(tmp_path_factory):
+    """40 PNG records of 48x64 (PNG: no OpenCV needed to write them)."""
+    from shardloader.recordio import pack_images
+
+    folder = tmp_path_factory.mktemp("rec")
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 48, 64, 3), dtype=np.uint8)
+    rec, _ = pack_images(str(folder / "small.rec"), images, labels=np.arange(40) % 4)
+    return Path(rec)
+
+
+def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
+    proc = shardloader_cli(
+        "bench", "--recordio", str(small_rec), "--workers", "0,1", "--batches", "3",
+        "--batch-size", "8", "--crop-size", "32", "--progress", cwd=tmp_path,
+    )  # fmt: skip
+    assert_clean(proc)
+    assert "RandomResizedCrop(32), RandomFlipLeftRight, ToTensor, Normalize" in proc.stdout
+    assert "shuffled" in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    rows = [r for r in rows if len(r) > 2 and r[1] in ("shardloader", "gluon")]
+    assert sorted((r[0], r[1]) for r in rows) == [
+        ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),
+    ]  # fmt: skip
+    assert re.search(r"^Recommendation: num_workers=[01]", proc.stdout, re.MULTILINE)
+    assert "bench:" in proc.stderr and "/12 " in proc.stderr  # 3 batches x 2 x 2 runs
+
+
+def test_bench_recordio_explains_a_missing_or_broken_index(tmp_path, small_rec, capsys):
+    lone = tmp_path / "lone.rec"
+    lone.write_bytes(small_rec.read_bytes())
+    assert cli.main(["bench", "--recordio", str(lone)]) == 2
+    err = capsys.readouterr().err
+    assert f"no index '{tmp_path / 'lone.idx'}' next to" in err and "Traceback" not in err
+    (tmp_path / "lone.idx").write_text("")
+    assert cli.main(["bench", "--recordio", str(lone)]) == 2
+    assert "is empty" in capsys.readouterr().err
+    (tmp_path / "junk.rec").write_bytes(b"not a record at all")
+    (tmp_path / "junk.idx").write_text("0\t0\n")
+    assert cli.main(["bench", "--recordio", str(tmp_path / "junk.rec")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read record 0" in err and "MXNetError: MXNetError" not in err
+
+
+def test_failed_rows_are_reported_not_recommended():
+    rows = [
+        {"loader": "shardloader", "workers": 0, "samples_per_s": 100.0, "stall": 1.0,
+         "first_batch_s": 0.1, "peak_rss_mb": 10.0, "batch_bytes": 1 << 20},
+        {"loader": "gluon", "workers": 0, "samples_per_s": 90.0, "stall": 1.0,
+         "first_batch_s": 0.1, "peak_rss_mb": 10.0, "batch_bytes": 1 << 20},
+        {"loader": "shardloader", "workers": 2, "error": "MXNetError: Decoding failed"},
+        {"loader": "gluon", "workers": 2, "error": "MXNetError: Decoding failed (1 of 3 runs)"},
+    ]  # fmt: skip
+    table = bench_report.format_table(rows)
+    assert any(line.split()[:3] == ["2", "gluon", "failed:"] for line in table)
+    assert any("1.11x" in line for line in table)
+    assert bench_report.recommend(rows, step_ms=0)[0] == 0
+    runs = [{"samples_per_s": 1.0, "peak_rss_mb": 1.0}, {"error": "boom"}]
+    assert bench._median_run(runs) == {"error": "boom (1 of 2 runs)"}
 
 
 def test_recommendation_rule():
