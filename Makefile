@@ -12,12 +12,14 @@ SRC    := $(wildcard shardloader tests benchmarks examples)
 # gluon-nlp, in `test`, do not import under mxnet 2.
 #   make test-mx2        the whole suite under 2.0.0b1, no ruff (ARGS=... passes pytest options,
 #                        e.g. ARGS=tests/test_loader.py); about 17 minutes on 2 cores
-#   make test-mx2-smoke  what CI runs: the tests marked @pytest.mark.mx2_smoke (so far those of
-#                        tests/test_mx2_smoke.py: loader against Gluon's batches, thread, fork
-#                        and spawn workers, a worker's error, sharding, ctx placement, resume);
-#                        ~15 s, under a minute with a fresh venv. Mark a test mx2_smoke to add
-#                        it. It collects the whole suite, so a test file that fails to import
-#                        under 2.0 fails it too.
+#   make test-mx2-smoke  what CI runs: the tests marked @pytest.mark.mx2_smoke (those of
+#                        tests/test_mx2_smoke.py: loader against Gluon's batches, default
+#                        array type and batchify, thread, fork and spawn workers, a worker's
+#                        error, sharding, ctx=/device= placement, resume, positional order,
+#                        try_nopython, 2.x's sampler and batchify names; and the
+#                        fork-after-training scenario); ~25 s, about a minute with a fresh
+#                        venv. Mark a test mx2_smoke to add it. It collects the whole suite, so
+#                        a test file that fails to import under 2.0 fails it too.
 VENV2  := .venv-mx2
 BIN2   := $(VENV2)/bin
 PIP2   := $(BIN2)/python -m pip --disable-pip-version-check -qq

@@ -34,8 +34,9 @@ them. What each part shows:
 
 ``MeanPoolClassifier``
     An embedding, mean pooling over the valid positions (``SequenceMask`` with the lengths
-    from ``Pad``) and two dense layers. ``net.initialize(ctx=ctxs)`` keeps a copy of the
-    parameters on every device.
+    from ``Pad``) and two dense layers. ``net.initialize(init, ctxs)`` keeps a copy of the
+    parameters on every device. It is written for both Gluons: MXNet 1.x calls
+    ``hybrid_forward(F, ...)``, MXNet 2.x calls ``forward(...)`` on ``mx.np`` arrays.
 
 The training loop
     Each shard's forward and backward run on its own context, then one ``trainer.step``
@@ -58,6 +59,7 @@ from shardloader import ShardedDataLoader, batchify
 from shardloader.sampler import FixedBucketSampler
 
 VOCAB = 50  # tokens are 1..VOCAB-1; 0 is the padding value
+MXNET_2 = int(mx.__version__.split(".")[0]) >= 2
 
 
 class SequenceSumDataset:
@@ -82,20 +84,33 @@ class MeanPoolClassifier(gluon.HybridBlock):
 
     def __init__(self, vocab: int, dim: int = 32, hidden: int = 32, **kwargs) -> None:
         super().__init__(**kwargs)
-        with self.name_scope():
-            self.embed = nn.Embedding(vocab, dim)
-            self.hidden = nn.Dense(hidden, activation="relu", flatten=False)
-            self.out = nn.Dense(1, flatten=False)
+        self.embed = nn.Embedding(vocab, dim)
+        self.hidden = nn.Dense(hidden, activation="relu", flatten=False)
+        self.out = nn.Dense(1, flatten=False)
 
-    def hybrid_forward(self, F, tokens, lengths):
-        emb = self.embed(tokens)  # (batch, time, dim)
-        lengths = F.cast(lengths, "float32")
-        # SequenceMask wants time first: zero every position at or past each sample's length.
-        masked = F.SequenceMask(
-            F.transpose(emb, axes=(1, 0, 2)), sequence_length=lengths, use_sequence_length=True
-        )
-        pooled = F.broadcast_div(F.sum(masked, axis=0), F.expand_dims(lengths, axis=1))
-        return F.reshape(self.out(self.hidden(pooled)), shape=(-1,))
+    if MXNET_2:
+
+        def forward(self, tokens, lengths):
+            emb = self.embed(tokens)  # (batch, time, dim)
+            lengths = lengths.astype("float32")
+            # Zero every position at or past each sample's length (axis 1 is time).
+            masked = mx.npx.sequence_mask(
+                emb, sequence_length=lengths, use_sequence_length=True, axis=1
+            )
+            pooled = masked.sum(axis=1) / lengths.reshape(-1, 1)
+            return self.out(self.hidden(pooled)).reshape(-1)
+
+    else:
+
+        def hybrid_forward(self, F, tokens, lengths):
+            emb = self.embed(tokens)  # (batch, time, dim)
+            lengths = F.cast(lengths, "float32")
+            # SequenceMask wants time first: zero every position at or past each length.
+            masked = F.SequenceMask(
+                F.transpose(emb, axes=(1, 0, 2)), sequence_length=lengths, use_sequence_length=True
+            )
+            pooled = F.broadcast_div(F.sum(masked, axis=0), F.expand_dims(lengths, axis=1))
+            return F.reshape(self.out(self.hidden(pooled)), shape=(-1,))
 
 
 def padding_tokens(step) -> Tuple[int, int]:
@@ -155,7 +170,7 @@ def main(argv=None) -> List[float]:
     )
 
     net = MeanPoolClassifier(VOCAB)
-    net.initialize(mx.init.Xavier(), ctx=ctxs)  # one copy of the parameters per device
+    net.initialize(mx.init.Xavier(), ctxs)  # one copy of the parameters per device
     net.hybridize()
     trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": args.lr})
     loss_fn = gluon.loss.SigmoidBinaryCrossEntropyLoss()
@@ -175,10 +190,10 @@ def main(argv=None) -> List[float]:
                 batch_size = sum(label.shape[0] for _, label in step)
                 trainer.step(batch_size)  # sums the gradients of all devices, updates all copies
 
-                total_loss += sum(loss.sum().asscalar() for loss in losses)
+                total_loss += sum(loss.sum().asnumpy().item() for loss in losses)
                 total_samples += batch_size
                 for out, (_, label) in zip(outputs, step):
-                    correct += int(((out > 0) == label).sum().asscalar())
+                    correct += int(((out > 0) == label).asnumpy().sum())
                 per_shard, across = padding_tokens(step)
                 padded["per_shard"] += per_shard
                 padded["across"] += across

@@ -165,8 +165,9 @@ def host_view(array) -> Optional[np.ndarray]:
     array is the caller's business: use it at once, as ``asnumpy`` would."""
     if getattr(array, "stype", "default") != "default":
         return None
-    ctx = array.context
-    if ctx.device_type not in HOST_DEVICES:
+    from ._compat import device_of
+
+    if device_of(array).device_type not in HOST_DEVICES:
         return None
     try:
         dtype = np.dtype(array.dtype)
@@ -256,11 +257,9 @@ class _Native:
         self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
         from mxnet.base import _LIB
 
-        # 1.9.1: MXNDArrayFromDLPackEx(tensor, transient, out); 2.x: MXNDArrayFromDLPack
-        # with the same arguments (1.9.1's MXNDArrayFromDLPack has no transient flag).
-        self.from_dlpack = getattr(_LIB, "MXNDArrayFromDLPackEx", None)
-        if self.from_dlpack is None:
-            self.from_dlpack = _LIB.MXNDArrayFromDLPack
+        from ._compat import dlpack_importer
+
+        self.from_dlpack = dlpack_importer(_LIB)
 
     def posted(self, lease: _Lease) -> bool:
         value = ctypes.c_int(0)

@@ -1,4 +1,8 @@
-"""Device placement: copy the NDArrays of a batch, or of each shard of a step, to a context.
+"""Device placement: copy the NDArrays of a batch, or of each shard of a step, to a device.
+
+A device is what MXNet 1.x calls a context (``mx.Context``) and 2.x a device
+(``mx.device.Device``): ``mx.cpu(0)``, ``mx.gpu(1)``, ``mx.cpu_pinned(0)``. Both versions'
+spellings go through ``shardloader._compat``.
 
 These helpers start no threads and never wait unless asked to (``wait_to_read``). The
 prefetch stage (``shardloader.prefetch``) calls them on its background thread, so a copy
@@ -11,28 +15,31 @@ unchanged, so a batch can carry lengths or metadata next to its arrays.
 
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Union
+from typing import Any, List, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
 from mxnet.ndarray import NDArray
 
 from ._alloc import HOST_DEVICES, host_view
+from ._compat import DEVICE_ARG, DeviceType, device_of, is_device, to_device
 
-__all__ = ["normalize_ctx", "pin", "place", "place_shards", "wait_to_read"]
+__all__ = ["device_argument", "normalize_ctx", "pin", "place", "place_shards", "wait_to_read"]
 
-CtxArg = Union[mx.Context, Sequence[mx.Context]]
+CtxArg = Union[DeviceType, Sequence[DeviceType]]
 
 
-def normalize_ctx(ctx: CtxArg, name: str = "ctx") -> Union[mx.Context, List[mx.Context]]:
-    """Validate a context argument: one ``mx.Context``, or a non-empty list or tuple of them.
+def normalize_ctx(ctx: CtxArg, name: str = "ctx") -> Union[DeviceType, List[DeviceType]]:
+    """Validate a context argument: one MXNet context (a device, in MXNet 2.x), or a
+    non-empty list or tuple of them.
 
     Parameters
     ----------
     ctx : Context or list of Context
         The value to check.
     name : str
-        The argument's name, used in error messages.
+        The argument's name, used in error messages (``"device"`` where the caller passed
+        MXNet 2.x's name for it).
 
     Returns
     -------
@@ -52,27 +59,56 @@ def normalize_ctx(ctx: CtxArg, name: str = "ctx") -> Union[mx.Context, List[mx.C
     >>> normalize_ctx((mx.cpu(0), mx.cpu(1)))
     [cpu(0), cpu(1)]
     """
-    if isinstance(ctx, mx.Context):
+    kind = "Context" if DeviceType.__name__ == "Context" else "Device"
+    if is_device(ctx):
         return ctx
     if isinstance(ctx, (list, tuple)):
         if not ctx:
             raise ValueError(
-                f"{name} must name at least one context, got an empty {type(ctx).__name__}"
+                f"{name} must name at least one {kind.lower()}, got an empty {type(ctx).__name__}"
             )
         for i, item in enumerate(ctx):
-            if not isinstance(item, mx.Context):
+            if not is_device(item):
                 raise TypeError(
-                    f"{name}[{i}] must be an mxnet Context such as mx.gpu({i}) or mx.cpu({i}), "
+                    f"{name}[{i}] must be an mxnet {kind} such as mx.gpu({i}) or mx.cpu({i}), "
                     f"got {type(item).__name__}: {item!r}"
                 )
         return list(ctx)
     raise TypeError(
-        f"{name} must be an mxnet Context (e.g. mx.gpu(0), mx.cpu_pinned(0)) or a list of them, "
+        f"{name} must be an mxnet {kind} (e.g. mx.gpu(0), mx.cpu_pinned(0)) or a list of them, "
         f"got {type(ctx).__name__}: {ctx!r}"
     )
 
 
-def place(batch: Any, ctx: mx.Context) -> Any:
+def device_argument(ctx: Any, device: Any) -> Tuple[Any, str]:
+    """The placement argument given as ``ctx`` (MXNet 1.x's name) or ``device`` (2.x's),
+    and the name it was given under, for messages. ``(None, name)`` when neither was given,
+    with the name this MXNet uses.
+
+    Raises
+    ------
+    ValueError
+        If both were given: they are two names for one argument.
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> device_argument(None, mx.cpu(1))
+    (cpu(1), 'device')
+    """
+    if ctx is not None and device is not None:
+        raise ValueError(
+            "ctx and device are two names for one argument (device is MXNet 2.x's name for "
+            f"ctx); pass only one of them, got ctx={ctx!r} and device={device!r}"
+        )
+    if device is not None:
+        return device, "device"
+    if ctx is not None:
+        return ctx, "ctx"
+    return None, DEVICE_ARG
+
+
+def place(batch: Any, ctx: DeviceType) -> Any:
     """Copy every NDArray in a nested batch to ``ctx``; other leaves are returned as they are.
 
     Lists, tuples, namedtuples and dicts are rebuilt with the same type and keys. An NDArray
@@ -101,7 +137,7 @@ def place(batch: Any, ctx: mx.Context) -> Any:
     return batch
 
 
-def pin(batch: Any, ctx: mx.Context) -> Any:
+def pin(batch: Any, ctx: DeviceType) -> Any:
     """What Gluon's ``pin_memory=True`` returns: ``batch`` with every NDArray copied to
     ``ctx``, in Gluon's containers.
 
@@ -127,20 +163,21 @@ def pin(batch: Any, ctx: mx.Context) -> Any:
     return batch
 
 
-def _copy(array: NDArray, ctx: mx.Context) -> NDArray:
-    """``array.as_in_context(ctx)``, but host-to-host copies go through numpy.
+def _copy(array: NDArray, ctx: DeviceType) -> NDArray:
+    """``array.as_in_context(ctx)`` (``to_device`` in MXNet 2.x), but host-to-host copies go
+    through numpy.
 
     MXNet 1.9.1 copies a 9.6 MB uint8 batch between CPU contexts in about 5 ms (2 GB/s);
     ``np.copyto`` into the new array's memory takes under 2 ms, fault-in included. The
     result is synchronous: it is ready when this returns.
     """
-    if array.context == ctx:
+    if device_of(array) == ctx:
         return array
     if ctx.device_type not in HOST_DEVICES:
-        return array.as_in_context(ctx)
+        return to_device(array, ctx)
     source = host_view(array)  # waits for pending writes to the source
     if source is None:
-        return array.as_in_context(ctx)
+        return to_device(array, ctx)
     out = mx.nd.empty(array.shape, ctx=ctx, dtype=array.dtype)
     if isinstance(array, mx.np.ndarray):
         out = out.as_np_ndarray()  # numpy mode: the same array type as the source
@@ -156,7 +193,7 @@ def _rebuild_mapping(original: dict, items: dict) -> dict:
         return items
 
 
-def place_shards(step: Sequence[Any], ctxs: Sequence[mx.Context]) -> List[Any]:
+def place_shards(step: Sequence[Any], ctxs: Sequence[DeviceType]) -> List[Any]:
     """Put shard ``i`` of a sharded step on ``ctxs[i]``.
 
     Parameters

@@ -12,6 +12,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
+
 LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
 ON_WORKER_DEATH_CHOICES = ("raise", "restart")
 MXNET_SEED_CHOICES = ("batch", "sample")
@@ -39,6 +41,10 @@ class LoaderOptions:
     start_method: str
     ctx: Any
     on_worker_death: str
+    # The name the placement argument was given under ("ctx" or MXNet 2.x's "device"), for
+    # messages; and try_nopython, which only MXNet 2.x accepts as True.
+    ctx_name: str = "ctx"
+    try_nopython: Optional[bool] = None
 
 
 def _int(name: str, value: Any, minimum: int) -> int:
@@ -97,8 +103,13 @@ def validate(
     start_method,
     ctx,
     on_worker_death,
+    device=None,
 ) -> LoaderOptions:
     """Check every argument of ``shardloader.ShardedDataLoader``."""
+    from ._compat import MX2
+    from ._device import device_argument
+
+    ctx, ctx_name = device_argument(ctx, device)
     if batch_sampler is None:
         if batch_size is None:
             raise ValueError("batch_size must be specified unless batch_sampler is specified")
@@ -129,11 +140,18 @@ def validate(
         if timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
         timeout = float(timeout)
-    if try_nopython:
+    if try_nopython is not None and not isinstance(try_nopython, (bool, np.bool_)):
+        raise TypeError(
+            f"try_nopython must be None, True or False, got {try_nopython!r} "
+            f"(type {type(try_nopython).__name__})"
+        )
+    if try_nopython and not MX2:
+        import mxnet as mx
+
         raise ValueError(
-            "try_nopython=True asks for MXNet 2.x's C++ data pipeline, which MXNet 1.9.1 "
-            "does not have; use try_nopython=None or False (shardloader's worker processes "
-            "already avoid Python overhead on the transfer path)"
+            "try_nopython=True asks for MXNet 2.x's C++ data pipeline, which MXNet "
+            f"{mx.__version__} does not have; use try_nopython=None or False (shardloader's "
+            "worker processes already avoid Python overhead on the transfer path)"
         )
     if seed is not None:
         seed = _int("seed", seed, 0)
@@ -150,8 +168,8 @@ def validate(
     _choice("on_worker_death", on_worker_death, ON_WORKER_DEATH_CHOICES)
     if ctx is not None and pin_memory:
         raise ValueError(
-            "pin_memory and ctx must not both be given: ctx already places "
-            "each batch (use mx.cpu_pinned(i) in ctx to pin)"
+            f"pin_memory and {ctx_name} must not both be given: {ctx_name} already places "
+            f"each batch (use mx.cpu_pinned(i) in {ctx_name} to pin)"
         )
     return LoaderOptions(
         batch_size=batch_size,
@@ -174,4 +192,6 @@ def validate(
         start_method=start_method,
         ctx=ctx,
         on_worker_death=on_worker_death,
+        ctx_name=ctx_name,
+        try_nopython=None if try_nopython is None else bool(try_nopython),
     )

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from ._alloc import as_ndarray, reap_some
+from ._alloc import as_ndarray, host_view, reap_some
 
 _ALIGN = 64
 # Headroom over the last batch's size, so slightly larger batches reuse the slot.
@@ -92,7 +92,13 @@ def map_structure(obj: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 def _copy_ndarray_into(src, dst: np.ndarray) -> None:
-    """Copy an mx.nd.NDArray into a preallocated numpy buffer: one copy, no temporary."""
+    """Copy an MXNet array into a preallocated numpy buffer: one copy, no temporary. A host
+    array is read in place (about 10x faster than MXNet's synchronous copy); others (a GPU
+    array in a worker) go through MXNet."""
+    view = host_view(src)
+    if view is not None:
+        np.copyto(dst, view)
+        return
     from mxnet.base import _LIB, check_call
 
     check_call(

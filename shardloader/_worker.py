@@ -152,6 +152,9 @@ class BatchMaker:
         # Seeded thread workers take turns, batch by batch, so that the draws stay exactly
         # those of a process worker.
         self._lock = threading.Lock() if shared_process else contextlib.nullcontext()
+        # Threads sharing a dataset make their first batch one at a time: lazy first-call
+        # set-up (a hybridized Gluon transform builds its graph then) is not thread-safe.
+        self._first_batch: Optional[threading.Lock] = threading.Lock() if shared_process else None
 
     def samples(self, indices: Sequence, epoch: int) -> List[Any]:
         length, dataset = self.length, self.dataset
@@ -194,6 +197,16 @@ class BatchMaker:
         own memory and the usual types, whatever the transport does with the batch."""
         if self._numpy_flags is not None:
             _alloc.set_numpy_flags(self._numpy_flags)
+        first = self._first_batch
+        if first is not None:
+            with first:
+                if self._first_batch is not None:
+                    batch = self._make(indices, epoch, output)
+                    self._first_batch = None  # set up: from now on, in parallel
+                    return batch
+        return self._make(indices, epoch, output)
+
+    def _make(self, indices: Sequence, epoch: int, output: Callable[[], ContextManager]) -> Any:
         batchify = self.batchify_fn
         if is_sharded(indices):
             shards = [self.samples(shard, epoch) for shard in indices]
@@ -416,7 +429,7 @@ def _send(conn, results, new_slots, dropped, ring, worker_id, batches) -> None:
     """
     indices_by_seq = dict(batches)
     buf = io.BytesIO()
-    pickler = pickle.Pickler(buf, pickle.HIGHEST_PROTOCOL)
+    pickler = _BatchPickler(buf, pickle.HIGHEST_PROTOCOL)
     heads = []
     for gen, seq, ok, payload, busy in results:
         start = buf.tell()
@@ -451,6 +464,30 @@ def _send(conn, results, new_slots, dropped, ring, worker_id, batches) -> None:
     for _, _, ok, _, slot_id, _ in heads:
         if ok and slot_id is not None:
             ring.unmap_sent(slot_id)
+
+
+class _BatchPickler(pickle.Pickler):
+    """Pickles a batch's leftovers (what is not a dense array in a slot). Sparse MXNet
+    arrays go as their numpy parts: MXNet 2.x refuses to serialise a sparse array under its
+    numpy shape semantics, which are on by default there."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        stype = getattr(obj, "stype", None)
+        if stype in ("csr", "row_sparse") and type(obj).__module__.startswith("mxnet."):
+            parts = (
+                (obj.data, obj.indices, obj.indptr) if stype == "csr" else (obj.data, obj.indices)
+            )
+            numpy_parts = tuple(part.asnumpy() for part in parts)
+            return _rebuild_sparse, (stype, tuple(obj.shape), np.dtype(obj.dtype).str, numpy_parts)
+        return NotImplemented
+
+
+def _rebuild_sparse(stype: str, shape: tuple, dtype: str, parts: tuple) -> Any:
+    """The sparse MXNet array that ``_BatchPickler`` sent, rebuilt from its numpy parts."""
+    import mxnet as mx
+
+    build = mx.nd.sparse.csr_matrix if stype == "csr" else mx.nd.sparse.row_sparse_array
+    return build(parts, shape=shape, dtype=np.dtype(dtype))
 
 
 def _rewind(pickler, buf, start: int) -> None:

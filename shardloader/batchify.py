@@ -1,14 +1,24 @@
 """Batchify functions: turn a list of samples into one batch.
 
 A batchify function is a small callable that receives the samples of one batch, in sampler
-order, and returns the batch. ``default_batchify_fn`` reproduces Gluon 1.9.1's default;
-``Stack``, ``Pad``, ``Tuple``, ``List``, ``Dict`` and
-``NamedTuple`` reproduce gluon-nlp's ``gluonnlp.data.batchify``.
+order, and returns the batch. ``default_batchify_fn`` reproduces Gluon's function of that
+name (MXNet 1.9.1's default); ``Stack``, ``Pad``, ``Tuple``, ``List``, ``Dict`` and
+``NamedTuple`` reproduce gluon-nlp's ``gluonnlp.data.batchify``; ``Group``, ``AsList`` and
+``Append`` reproduce MXNet 2.x's ``mxnet.gluon.data.batchify``.
+
+MXNet 2.x's ``Stack`` and ``Pad`` share their names with gluon-nlp's but not their meaning
+(2.x's ``Stack`` splits list samples into fields; its ``Pad`` pads every axis and has no
+``axis`` or ``ret_length``). The names here keep gluon-nlp's meaning. Pass 2.x's own
+``mx.gluon.data.batchify.Stack()`` or ``Pad()`` to a loader: ``gluon_equivalent`` swaps
+them, and 2.x's ``Group``, ``AsList``, ``Append`` and Gluon's ``default_batchify_fn``, for
+implementations here that give the same batches and stack straight into a worker's shared
+memory.
 
 None of them knows about shared memory or devices. Every output array is a buffer from
 ``shardloader._alloc.empty``, filled in place and handed back through
-``shardloader._alloc.to_output``. By default that is an ``mx.nd.NDArray`` wrapping the
-buffer on ``cpu(0)``; inside a worker process the transport makes the buffer a piece of shared
+``shardloader._alloc.to_output``. By default that is an MXNet array wrapping the buffer on
+``cpu(0)``: an ``mx.np.ndarray`` under numpy semantics (MXNet 2.x's default), else an
+``mx.nd.NDArray``; inside a worker process the transport makes the buffer a piece of shared
 memory and keeps the result a numpy array, so a batch is written once, where the main process
 will read it.
 
@@ -36,7 +46,11 @@ __all__ = [
     "List",
     "Dict",
     "NamedTuple",
+    "Group",
+    "AsList",
+    "Append",
     "BatchifyTypeError",
+    "gluon_equivalent",
 ]
 
 # The dtypes an mx.nd.NDArray can hold (mxnet.ndarray.ndarray._DTYPE_NP_TO_MX, less bfloat16).
@@ -384,36 +398,42 @@ def default_batchify_fn(data: typing.Sequence[typing.Any]):
     >>> batch["x"].asnumpy(), batch["name"]
     (array([1.5, 2.5]), ['a', 'b'])
     """
+    return _collate(data, split_lists=False, owner="default_batchify_fn")
+
+
+def _collate(data, split_lists: bool, owner: str):
+    """``default_batchify_fn``; with ``split_lists``, list samples are split into fields as
+    tuple samples are (MXNet 2.x's ``Stack``)."""
     first = data[0] if len(data) else None
-    if isinstance(first, tuple):
-        fields = _fields(data, len(first), "default_batchify_fn")
+    if isinstance(first, tuple) or (split_lists and isinstance(first, list)):
+        fields = _fields(data, len(first), owner)
         container = type(first)
         if hasattr(container, "_fields"):
             for position, sample in enumerate(data):
                 if type(sample) is not container:
                     raise TypeError(
-                        f"default_batchify_fn: sample {position} is {_describe(sample)}, but "
+                        f"{owner}: sample {position} is {_describe(sample)}, but "
                         f"sample 0 is a {container.__name__}; all samples must have one type"
                     )
-            return container(*[default_batchify_fn(field) for field in fields])
-        return [default_batchify_fn(field) for field in fields]
+            return container(*[_collate(field, split_lists, owner) for field in fields])
+        return [_collate(field, split_lists, owner) for field in fields]
     if isinstance(first, dict):
-        return _batchify_dicts(data)
-    buf = _stack(data)
+        return _batchify_dicts(data, split_lists, owner)
+    buf = _stack(data, owner=owner)
     if buf is None:
         return list(data)
     return _alloc.to_output(buf)
 
 
-def _batchify_dicts(data) -> dict:
+def _batchify_dicts(data, split_lists: bool, owner: str) -> dict:
     keys = data[0].keys()
     for position, sample in enumerate(data):
         if not isinstance(sample, dict) or sample.keys() != keys:
             raise ValueError(
-                f"default_batchify_fn: sample {position} must be a dict with the keys of "
+                f"{owner}: sample {position} must be a dict with the keys of "
                 f"sample 0 {sorted(keys, key=repr)}, got {_describe(sample)}"
             )
-    return {key: default_batchify_fn([sample[key] for sample in data]) for key in keys}
+    return {key: _collate([sample[key] for sample in data], split_lists, owner) for key in keys}
 
 
 default_mp_batchify_fn = default_batchify_fn
@@ -653,30 +673,32 @@ class Tuple:
     """
 
     def __init__(self, fn, *fns) -> None:
+        name = type(self).__name__
         if isinstance(fn, (list, tuple)):
             if fns:
                 raise ValueError(
-                    "Tuple: pass the functions as Tuple(a, b, c) or Tuple([a, b, c]), not both; "
-                    f"got fn={fn!r} and {len(fns)} more"
+                    f"{name}: pass the functions as {name}(a, b, c) or {name}([a, b, c]), not "
+                    f"both; got fn={fn!r} and {len(fns)} more"
                 )
             fns = tuple(fn)
         else:
             fns = (fn,) + fns
         if not fns:
-            raise ValueError("Tuple: needs at least one batchify function, got an empty list")
+            raise ValueError(f"{name}: needs at least one batchify function, got an empty list")
         for index, each in enumerate(fns):
-            _check_callable("Tuple", f"fn[{index}]", each)
+            _check_callable(name, f"fn[{index}]", each)
         self._fns = fns
 
     def __call__(self, data: typing.Sequence[typing.Any]) -> tuple:
         """Batchify field ``i`` of every sample in ``data`` with function ``i``."""
+        name = type(self).__name__
         if len(data) == 0:
-            raise ValueError("Tuple: cannot batchify an empty batch: it has no samples")
-        fields = _fields(data, len(self._fns), "Tuple")
+            raise ValueError(f"{name}: cannot batchify an empty batch: it has no samples")
+        fields = _fields(data, len(self._fns), name)
         return tuple(fn(list(field)) for fn, field in zip(self._fns, fields))
 
     def __repr__(self) -> str:
-        return f"Tuple({', '.join(map(repr, self._fns))})"
+        return f"{type(self).__name__}({', '.join(map(repr, self._fns))})"
 
 
 class List:
@@ -822,6 +844,251 @@ class NamedTuple:
         return f"NamedTuple({self._container.__name__}, {list(self._fns)!r})"
 
 
+# ----------------------------------------------------------------------------------------------
+# MXNet 2.x's batchify functions
+
+
+class Group(Tuple):
+    """MXNet 2.x's name for ``Tuple``: one batchify function per field of tuple (or list)
+    samples; returns a tuple with one batch per field.
+
+    Parameters
+    ----------
+    fn : callable, or a list or tuple of callables
+        The batchify function of field 0, or the functions of all fields.
+    *fns : callable
+        The batchify functions of fields 1, 2, ... (only when ``fn`` is a single callable).
+
+    Raises
+    ------
+    ValueError
+        At call time, if a sample does not have one field per function (MXNet 2.x checks
+        only the first sample, with an ``AssertionError``).
+
+    Examples
+    --------
+    >>> from shardloader.batchify import AsList, Group, Stack
+    >>> tokens, words = Group(Stack(), AsList())([([1, 2], "a"), ([3, 4], "b")])
+    >>> tokens.asnumpy(), words
+    (array([[1, 2],
+           [3, 4]]), ['a', 'b'])
+    """
+
+
+class AsList(List):
+    """MXNet 2.x's name for ``List``: the samples as a plain list, unchanged.
+
+    Examples
+    --------
+    >>> AsList()(["I am using MXNet", "Gluon rocks!"])
+    ['I am using MXNet', 'Gluon rocks!']
+    """
+
+    def __repr__(self) -> str:
+        return "AsList()"
+
+
+class Append:
+    """MXNet 2.x's ``Append``: one array per sample, in a list, without padding, for samples
+    of different shapes.
+
+    Each sample becomes an array of its own: MXNet arrays keep their dtype; anything else
+    becomes float32, as ``mx.nd.array`` makes it. With ``expand`` each array gets a batch
+    axis of size 1 at ``batch_axis``.
+
+    Parameters
+    ----------
+    expand : bool, default True
+        Add a batch axis to every array.
+    batch_axis : int, default 0
+        Where the batch axis goes (with ``expand``).
+    use_shared_mem : bool, default False
+        Accepted for MXNet 2.x's signature and ignored: the loader's transport decides where
+        a batch's memory lives.
+
+    Notes
+    -----
+    Under numpy semantics (MXNet 2.x's default) the arrays are ``mx.np.ndarray``; MXNet
+    2.0.0b1's own ``Append`` fails there (it looks for ``mx.np.NDArray``), so the rule
+    above is the one its legacy mode follows. A number sample becomes an array of shape
+    ``(1,)`` with ``expand`` (2.0.0b1's legacy ``Append`` fails on it).
+
+    Examples
+    --------
+    >>> from shardloader.batchify import Append
+    >>> [a.shape for a in Append()([[1, 2, 3], [4, 5]])]
+    [(1, 3), (1, 2)]
+    >>> [a.asnumpy().tolist() for a in Append(expand=False)([[1, 2, 3], [4, 5]])]
+    [[1.0, 2.0, 3.0], [4.0, 5.0]]
+    """
+
+    def __init__(self, expand: bool = True, batch_axis: int = 0, use_shared_mem: bool = False):
+        if not isinstance(expand, (bool, np.bool_)):
+            raise TypeError(f"Append: expand must be True or False, got {_describe(expand)}")
+        if isinstance(batch_axis, bool) or not isinstance(batch_axis, (int, np.integer)):
+            raise TypeError(f"Append: batch_axis must be an int, got {_describe(batch_axis)}")
+        self._expand = bool(expand)
+        self._batch_axis = int(batch_axis)
+
+    def __call__(self, data: typing.Sequence[typing.Any]) -> list:
+        """One array per sample of ``data``, in order."""
+        out = []
+        for position, sample in enumerate(data):
+            if _is_mx_array(sample):
+                array = _array_sample(sample, position, "Append")
+            else:
+                array = np.asarray(_array_sample(sample, position, "Append"), dtype=np.float32)
+            if self._expand:
+                if array.ndim == 0:
+                    array = array.reshape(1)
+                else:
+                    axis = self._batch_axis
+                    if not -array.ndim - 1 <= axis <= array.ndim:
+                        raise ValueError(
+                            f"Append: batch_axis {axis} is out of range for sample {position} "
+                            f"of shape {array.shape}; it must be in "
+                            f"[{-array.ndim - 1}, {array.ndim}]"
+                        )
+                    array = np.expand_dims(array, axis)
+            buf = _alloc.empty(array.shape, _output_dtype(array.dtype))
+            buf[...] = array
+            out.append(_alloc.to_output(buf))
+        return out
+
+    def __repr__(self) -> str:
+        return f"Append(expand={self._expand}, batch_axis={self._batch_axis})"
+
+
+def _is_mx_array(x) -> bool:
+    nd = _ndarray_class()
+    return nd is not None and isinstance(x, nd)
+
+
+class _FieldStack:
+    """MXNet 2.x's ``Stack`` (its loader's default): ``default_batchify_fn``, except that list
+    samples are split into fields as tuple samples are, at any depth.
+
+    Not exported: gluon-nlp's ``Stack`` has the name here. A loader uses this one for MXNet
+    2.x's ``Stack()`` and as its default batchify function under MXNet 2.x.
+    """
+
+    def __call__(self, data: typing.Sequence[typing.Any]):
+        if len(data) == 0:
+            raise ValueError("Stack: cannot batchify an empty batch: it has no samples")
+        return _collate(data, split_lists=True, owner="Stack")
+
+    def __repr__(self) -> str:
+        return "Stack()"
+
+
+class _PadEveryAxis:
+    """MXNet 2.x's ``Pad``: pad samples with ``val`` to the largest size on every axis (each
+    rounded up to a multiple of ``round_to``), then stack them.
+
+    The batch's dtype is ``dtype``, else the first sample's (a list sample's as numpy reads
+    it: int64 or float64). Samples must have one number of dimensions. Not exported:
+    gluon-nlp's ``Pad`` has the name here.
+    """
+
+    def __init__(self, val=None, dtype=None, round_to=None) -> None:
+        self._pad_val = 0 if val is None else val
+        self._dtype = _check_dtype("Pad", dtype)
+        if round_to is not None and (
+            isinstance(round_to, bool) or not isinstance(round_to, (int, np.integer))
+        ):
+            raise TypeError(f"Pad: round_to must be None or a positive int, got {round_to!r}")
+        if round_to is not None and round_to < 1:
+            raise ValueError(f"Pad: round_to must be None or a positive int, got {round_to}")
+        self._round_to = None if round_to is None else int(round_to)
+
+    def __call__(self, data: typing.Sequence[typing.Any]):
+        if len(data) == 0:
+            raise ValueError("Pad: cannot batchify an empty batch: it has no samples")
+        first = data[0]
+        if not (_is_array(first) or isinstance(first, list)):
+            raise TypeError(
+                f"Pad: sample 0 must be an array or a list of numbers, got {_describe(first)}; "
+                "for samples of several fields use Group(Pad(), Stack(), ...)"
+            )
+        arrays = [_array_sample(sample, position, "Pad") for position, sample in enumerate(data)]
+        ndim = arrays[0].ndim
+        for position, array in enumerate(arrays):
+            if array.ndim != ndim:
+                raise ValueError(
+                    f"Pad: sample {position} has {array.ndim} dimensions (shape {array.shape}) "
+                    f"but sample 0 has {ndim} (shape {arrays[0].shape}); Pad pads every axis "
+                    "of samples with one number of dimensions"
+                )
+            if array.dtype.kind in _NON_NUMERIC_KINDS:
+                raise TypeError(
+                    f"Pad: cannot pad sample {position}, which is not numbers: "
+                    f"{_describe(data[position])}"
+                )
+        shape = [max(a.shape[axis] for a in arrays) for axis in range(ndim)]
+        if self._round_to is not None:
+            shape = [-(-size // self._round_to) * self._round_to for size in shape]
+        dtype = self._dtype if self._dtype is not None else _output_dtype(arrays[0].dtype)
+        buf = _alloc.empty([len(arrays)] + shape, dtype)
+        buf[...] = self._pad_val
+        for row, array in zip(buf, arrays):
+            row[tuple(slice(0, size) for size in array.shape)] = array
+        return _alloc.to_output(buf)
+
+    def __repr__(self) -> str:
+        return (
+            f"Pad(val={self._pad_val!r}, dtype={_dtype_repr(self._dtype)}, "
+            f"round_to={self._round_to})"
+        )
+
+
+def gluon_equivalent(fn: typing.Any) -> typing.Any:
+    """shardloader's implementation of one of Gluon's own batchify functions, or ``fn``.
+
+    MXNet 2.x's ``mx.gluon.data.batchify.Stack``, ``Pad``, ``Group``, ``AsList`` and
+    ``Append`` objects, and Gluon's ``default_batchify_fn`` and ``default_mp_batchify_fn``
+    (both versions), are swapped for functions of this module that give the same batches:
+    a worker process then stacks them straight into shared memory, and samples of either
+    MXNet array type are accepted. ``use_shared_mem`` is dropped (the loader's transport
+    decides where memory lives). A ``Group`` is swapped with its functions, and any other
+    callable, a subclass of Gluon's included, is returned as it is.
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> gluon_equivalent(mx.gluon.data.dataloader.default_batchify_fn) is default_batchify_fn
+    True
+    >>> gluon_equivalent(len) is len
+    True
+    """
+    mx = sys.modules.get("mxnet")
+    if mx is None:
+        return fn
+    loader = sys.modules.get("mxnet.gluon.data.dataloader")
+    if loader is not None and fn in (
+        getattr(loader, "default_batchify_fn", None),
+        getattr(loader, "default_mp_batchify_fn", None),
+    ):
+        return default_batchify_fn
+    gluon = sys.modules.get("mxnet.gluon.data.batchify")
+    if gluon is None:
+        return fn
+    kind = type(fn)
+    try:
+        if kind is getattr(gluon, "Stack", None):
+            return _FieldStack()
+        if kind is getattr(gluon, "Pad", None):
+            return _PadEveryAxis(fn._pad_val, fn._dtype, fn._round_to)
+        if kind is getattr(gluon, "Group", None):
+            return Group([gluon_equivalent(each) for each in fn._fn])
+        if kind is getattr(gluon, "AsList", None):
+            return AsList()
+        if kind is getattr(gluon, "Append", None):
+            return Append(fn._expand, fn._batch_axis)
+    except (AttributeError, TypeError, ValueError):
+        return fn  # another MXNet's private layout, or arguments we do not take: run it as is
+    return fn
+
+
 def _dtype_repr(dtype: typing.Optional[np.dtype]) -> str:
     return "None" if dtype is None else repr(dtype.name)
 
@@ -836,7 +1103,9 @@ def is_native(fn: typing.Any) -> bool:
     >>> is_native(Tuple(Stack(), Pad())), is_native(Tuple(Stack(), len))
     (True, False)
     """
-    if fn is default_batchify_fn or isinstance(fn, (Stack, Pad, List)):
+    if fn is default_batchify_fn or isinstance(
+        fn, (Stack, Pad, List, Append, _FieldStack, _PadEveryAxis)
+    ):
         return True
     if isinstance(fn, (Tuple, NamedTuple)):
         return all(is_native(f) for f in fn._fns)

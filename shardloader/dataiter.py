@@ -22,6 +22,8 @@ import numpy as np
 from mxnet.io import DataBatch, DataDesc, DataIter
 from mxnet.ndarray import NDArray
 
+from ._alloc import numpy_mode
+from ._compat import device_of
 from ._errors import ClosedIteratorError, LoaderTimeoutError
 from .prefetch import PrefetchIterator, check_positive_int
 
@@ -389,16 +391,23 @@ def _dtype_of(value: Any) -> type:
 
 
 def _to_ndarray(value: Any, dtype: Any) -> NDArray:
-    """An NDArray of ``dtype`` from an NDArray or anything numpy accepts."""
+    """An NDArray of ``dtype`` from an NDArray or anything numpy accepts (an ``mx.np.ndarray``
+    under numpy semantics, the default in MXNet 2.x, as the loader's batches are)."""
     if isinstance(value, NDArray):
         return value if _same_dtype(value.dtype, dtype) else value.astype(dtype)
-    return mx.nd.array(np.asarray(value), dtype=dtype)
+    array = mx.nd.array(np.asarray(value), dtype=dtype)
+    return array.as_np_ndarray() if numpy_mode() else array
 
 
 def _pad_rows(array: NDArray, pad: int, axis: int) -> NDArray:
-    """Append ``pad`` rows along ``axis``, wrapping around from the start of the batch."""
+    """Append ``pad`` rows along ``axis``, wrapping around from the start of the batch, with
+    the operators of the array's own type (legacy ``mx.nd`` operators refuse ``mx.np``
+    arrays, and the other way round)."""
     n = array.shape[axis]
-    rows = mx.nd.array(np.arange(pad) % n, ctx=array.context, dtype="int32")
+    rows = mx.nd.array(np.arange(pad) % n, ctx=device_of(array), dtype="int32")
+    if isinstance(array, mx.np.ndarray):
+        extra = mx.np.take(array, rows.as_np_ndarray(), axis=axis)
+        return mx.np.concatenate([array, extra], axis=axis)
     return mx.nd.concat(array, mx.nd.take(array, rows, axis=axis), dim=axis)
 
 

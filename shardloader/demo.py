@@ -22,6 +22,7 @@ from mxnet import autograd, gluon
 from tqdm import tqdm
 
 from . import ShardedDataLoader
+from ._compat import DeviceType, to_device
 from .demo_data import CLASSES, IMAGE_SIZE, prepare
 from .demo_state import Checkpoint
 from .recordio import ImageRecordDataset
@@ -60,7 +61,7 @@ class Augment:
         return chw.astype(np.float32), np.float32(label)
 
 
-def build_net(num_classes: int, ctx: List[mx.Context], seed: int) -> gluon.nn.HybridSequential:
+def build_net(num_classes: int, ctx: List[DeviceType], seed: int) -> gluon.nn.HybridSequential:
     """Two conv blocks and two dense layers, initialised identically on every context.
 
     Parameters
@@ -89,7 +90,7 @@ def build_net(num_classes: int, ctx: List[mx.Context], seed: int) -> gluon.nn.Hy
         nn.Dense(64, activation="relu"),
         nn.Dense(num_classes),
     )
-    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net.initialize(mx.init.Xavier(), ctx)  # positional: MXNet 2.x renamed ctx= to device=
     net.hybridize(static_alloc=True)
     return net
 
@@ -99,7 +100,7 @@ def _make_trainer(net: gluon.Block) -> gluon.Trainer:
 
 
 def _shard_loader(
-    path: str, train: bool, args: argparse.Namespace, ctx: List[mx.Context]
+    path: str, train: bool, args: argparse.Namespace, ctx: List[DeviceType]
 ) -> ShardedDataLoader:
     # The held-out set ends with a step of 1 shard, which the loader's own ctx placement
     # refuses ("the step has 1 shards but 2 contexts"), so evaluate() places its shards.
@@ -116,7 +117,7 @@ def _shard_loader(
     )
 
 
-def _gluon_steps(loader: Iterable, ctx: List[mx.Context]) -> Iterable[List[Any]]:
+def _gluon_steps(loader: Iterable, ctx: List[DeviceType]) -> Iterable[List[Any]]:
     """Gluon's way to the same steps: one big batch, split across the contexts."""
     for data, label in loader:
         xs = gluon.utils.split_and_load(data, ctx, even_split=False)
@@ -170,7 +171,7 @@ class _Epoch:
             self.trainer.step(count)
             # Reading the loss waits for the step, as a real loop that logs it does, so the
             # data-stall figure measures the loader and not MXNet's asynchronous queue.
-            loss = sum(float(part.sum().asscalar()) for part in losses) / count
+            loss = sum(part.sum().asnumpy().item() for part in losses) / count
             self.samples += count
             self.bar.set_postfix(loss=f"{loss:.3f}", stall=f"{self.stall():.0%}", refresh=False)
             self.bar.update(count)
@@ -181,14 +182,14 @@ class _Epoch:
         return taken
 
 
-def evaluate(net: gluon.Block, loader: Iterable, ctx: List[mx.Context]) -> Dict[str, int]:
+def evaluate(net: gluon.Block, loader: Iterable, ctx: List[DeviceType]) -> Dict[str, int]:
     """Correct predictions and total over ``loader``'s steps, shard ``i`` on ``ctx[i]``."""
     correct = total = 0
     for step in loader:
         for (x, y), device in zip(step, ctx):
-            x, y = x.as_in_context(device), y.as_in_context(device)
+            x, y = to_device(x, device), to_device(y, device)
             predicted = net(x).argmax(axis=1)
-            correct += int((predicted == y).sum().asscalar())
+            correct += int((predicted == y).sum().asnumpy().item())
             total += int(y.shape[0])
     return {"correct": correct, "total": total}
 

@@ -18,7 +18,7 @@ import re
 import tempfile
 from typing import Any, Dict, List, Optional
 
-import mxnet as mx
+from ._compat import DeviceType
 
 __all__ = ["Checkpoint", "CheckpointMismatch", "CheckpointCorrupt"]
 
@@ -128,7 +128,7 @@ class Checkpoint:
                 )
         return files
 
-    def load(self, net: Any, trainer: Any, loader: Any, ctx: List[mx.Context]) -> Optional[Dict]:
+    def load(self, net: Any, trainer: Any, loader: Any, ctx: List[DeviceType]) -> Optional[Dict]:
         """Restore ``net``, ``trainer`` and ``loader`` from the last save.
 
         Returns
@@ -161,7 +161,7 @@ class Checkpoint:
                 f"use the same options, or run without --resume to start over"
             )
         files = self._files(state)
-        net.load_parameters(self._path(files["params"]), ctx=ctx)
+        net.load_parameters(self._path(files["params"]), ctx)  # 2.x calls it device=
         trainer.load_states(self._path(files["trainer"]))
         loader.load_state_dict(state["loader"])
         return state

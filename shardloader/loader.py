@@ -8,6 +8,8 @@ batches handed out, stats, checkpoint state). The stages live in their own modul
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import multiprocessing as mp
 import threading
@@ -20,6 +22,7 @@ from mxnet.gluon.data import DataLoader as _GluonDataLoader
 from . import _interrupts, _options
 from . import batchify as _batchify
 from ._alloc import numpy_flags
+from ._compat import MX2
 from ._device import pin
 from ._errors import ClosedIteratorError
 from ._iter import Hub, InlineEpoch, PooledEpoch, Stats
@@ -49,11 +52,40 @@ _STATE_KEYS = (
 )
 
 
+def _gluon_positional_order(init: Callable) -> Callable:
+    """``init`` with the positional parameters of the installed MXNet's Gluon DataLoader.
+
+    ``ShardedDataLoader.__init__`` is written with MXNet 1.x's order, whose 14th parameter is
+    ``auto_reload``. MXNet 2.x's Gluon has no ``auto_reload`` and its 14th parameter is
+    ``try_nopython``; there ``auto_reload`` becomes keyword-only, so that a positional call
+    written for either version's Gluon means the same here.
+    """
+    if not MX2:
+        return init
+    signature = inspect.signature(init)
+    params = [p for p in signature.parameters.values() if p.name != "auto_reload"]
+    first_keyword = next(i for i, p in enumerate(params) if p.kind is p.KEYWORD_ONLY)
+    moved = signature.parameters["auto_reload"].replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    params.insert(first_keyword, moved)
+    gluon_order = signature.replace(parameters=params)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        arguments = gluon_order.bind(self, *args, **kwargs).arguments
+        arguments.pop("self")
+        init(self, **arguments)
+
+    __init__.__signature__ = gluon_order  # type: ignore[attr-defined]
+    return __init__
+
+
 class ShardedDataLoader(_GluonDataLoader):
     """Loads mini-batches from a dataset, with Gluon's ``DataLoader`` signature.
 
-    Code written for ``mxnet.gluon.data.DataLoader`` (1.9.1, or 2.x's keywords) runs
-    unchanged and gets the same batches in the same order. It *is* a Gluon ``DataLoader``
+    Code written for ``mxnet.gluon.data.DataLoader`` (1.9.1's or 2.x's) runs unchanged and
+    gets the same batches in the same order. The positional parameters are those of the
+    installed MXNet's Gluon: under MXNet 2.x the 14th is ``try_nopython`` and
+    ``auto_reload`` is keyword-only. It *is* a Gluon ``DataLoader``
     (``isinstance`` holds, so ``Estimator`` accepts it), with Gluon's private attributes
     (``_dataset``, ``_batch_sampler``, ``_pin_memory``, ...) for code that reads them.
     Beyond Gluon it never hangs (dead workers and timeouts become errors within seconds),
@@ -79,8 +111,10 @@ class ShardedDataLoader(_GluonDataLoader):
         batch per shard). Not together with ``batch_size``, ``shuffle``, ``sampler`` or
         ``last_batch``.
     batchify_fn : callable
-        Merges a list of samples into a batch. Defaults to
-        ``shardloader.batchify.default_batchify_fn``, Gluon's default.
+        Merges a list of samples into a batch. Defaults to the installed Gluon's default:
+        ``shardloader.batchify.default_batchify_fn`` under MXNet 1.x; under 2.x, 2.x's
+        ``batchify.Stack()``, which also splits list samples into fields. Gluon's own
+        batchify functions run as shardloader's equivalents (``batchify.gluon_equivalent``).
     num_workers : int, default 0
         Worker processes (or threads, with ``thread_pool``). 0 loads in the calling thread.
     pin_memory : bool, default False
@@ -97,8 +131,12 @@ class ShardedDataLoader(_GluonDataLoader):
         Seconds a batch may take before ``shardloader.LoaderTimeoutError``.
     auto_reload : bool, default False
         Start loading the next epoch as soon as the current one ends (and at construction).
-    try_nopython : None
-        MXNet 2.x's C++ pipeline; ``True`` raises ``ValueError`` (not in MXNet 1.9.1).
+    try_nopython : bool, optional
+        MXNet 2.x's switch to its C++ pipeline. ``None`` and ``False``: shardloader's own
+        workers, with the batches of Gluon's Python pipeline. ``True`` with ``num_workers >
+        0``, under MXNet 2.x: Gluon's C++ pipeline loads the batches where Gluon can use it
+        (else Gluon's ``RuntimeError``), and options it cannot honour raise ``ValueError``.
+        Under MXNet 1.x, ``True`` raises ``ValueError``: 1.x has no C++ pipeline.
     seed : int, optional
         Makes the batch order a pure function of ``(seed, epoch)``. Before every sample is
         loaded, ``random`` and ``numpy.random`` are seeded from ``(seed, epoch, sample
@@ -124,6 +162,8 @@ class ShardedDataLoader(_GluonDataLoader):
     ctx : Context or list of Context, optional
         Place each batch on ``ctx``, or shard ``i`` of each step on ``ctx[i]``, on a
         background thread, so the step the user receives is already on its devices.
+    device : Device or list of Device, optional
+        MXNet 2.x's name for ``ctx``; give one of the two.
     on_worker_death : {'raise', 'restart'}, default 'raise'
         When a worker process dies: raise ``shardloader.WorkerDiedError``, or start a
         new worker, re-send its lost batches and finish the epoch with nothing lost.
@@ -138,6 +178,7 @@ class ShardedDataLoader(_GluonDataLoader):
     [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
     """
 
+    @_gluon_positional_order
     def __init__(
         self,
         dataset: Any,
@@ -166,6 +207,7 @@ class ShardedDataLoader(_GluonDataLoader):
         start_method: Optional[str] = None,
         ctx: Any = None,
         on_worker_death: str = "raise",
+        device: Any = None,
     ) -> None:
         opts = _options.validate(
             batch_size=batch_size,
@@ -192,6 +234,7 @@ class ShardedDataLoader(_GluonDataLoader):
             start_method=start_method,
             ctx=ctx,
             on_worker_death=on_worker_death,
+            device=device,
         )
         self._opts = opts
         self._dataset = dataset
@@ -207,15 +250,21 @@ class ShardedDataLoader(_GluonDataLoader):
             )
         self._batch_sampler = self._build_batch_sampler(sampler, batch_sampler)
         if batchify_fn is None:
-            batchify_fn = _batchify.default_batchify_fn
+            # Gluon's default: default_batchify_fn in MXNet 1.x, batchify.Stack() in 2.x,
+            # which splits list samples into fields as it does tuples.
+            batchify_fn = _batchify._FieldStack() if MX2 else _batchify.default_batchify_fn
         self._batchify_fn = batchify_fn
+        # What the workers run: Gluon's own batchify functions swapped for ours.
+        self._batch_fn = _batchify.gluon_equivalent(batchify_fn)
+        # MXNet 2.x's C++ pipeline, when try_nopython=True asks for it and Gluon can use it.
+        self._cpp = _cpp_pipeline(opts, dataset, sampler, batch_sampler, batchify_fn, start_method)
         _interrupts.install()
         # Like Gluon, workers take MXNet's numpy mode from when the loader was made; inline
         # loading follows the consuming thread's mode at each batch.
         self._numpy_flags = numpy_flags()
         self._ctx = _placement(opts)
         self._pin = _pin_context(opts)
-        _check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler)
+        _check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
         self._stats = Stats()
         self._hub: Optional[Hub] = None
         self._closed = False
@@ -279,8 +328,8 @@ class ShardedDataLoader(_GluonDataLoader):
         pool = pool_cls(
             opts.num_workers,
             self._dataset,
-            self._batchify_fn,
-            raw=_batchify.is_native(self._batchify_fn),
+            self._batch_fn,
+            raw=_batchify.is_native(self._batch_fn),
             seed=opts.seed,
             worker_init_fn=opts.worker_init_fn,
             start_method=opts.start_method,
@@ -308,11 +357,13 @@ class ShardedDataLoader(_GluonDataLoader):
         start_state = _sampler_state(bs)
         items = itertools.islice(enumerate(bs), skip, None)
         if isinstance(self._ctx, list):
-            items = _require_steps(items, len(self._ctx))
+            items = _require_steps(items, len(self._ctx), self._opts.ctx_name)
         opts = self._opts
         # An empty dataset has no batches (as in Gluon): no worker is started for it. A batch
         # sampler that yields an index anyway gets the usual IndexError, inline.
-        if opts.num_workers == 0 or self._length == 0:
+        if self._cpp is not None:
+            source = iter(self._cpp)  # Gluon's C++ pipeline: it pins, and starts over, itself
+        elif opts.num_workers == 0 or self._length == 0:
             source = InlineEpoch(items, self._inline_maker(epoch), self._stats)
         else:
             source = PooledEpoch(
@@ -324,14 +375,15 @@ class ShardedDataLoader(_GluonDataLoader):
             source = DevicePrefetcher(self._ctx, buffer_size=max(1, opts.prefetch or 1)).prefetch(
                 source
             )
-        it = _EpochIterator(self, source, epoch, skip, start_state, self._pin)
+        pin = None if self._cpp is not None else self._pin
+        it = _EpochIterator(self, source, epoch, skip, start_state, pin)
         self._open.add(it)
         return it
 
     def _inline_maker(self, epoch: int) -> Callable[[Sequence], Any]:
         maker = BatchMaker(
             self._dataset,
-            self._batchify_fn,
+            self._batch_fn,
             self._opts.seed,
             shared_process=True,
             mxnet_per_sample=self._opts.mxnet_seed == "sample",
@@ -387,6 +439,7 @@ class ShardedDataLoader(_GluonDataLoader):
 
         Batches already prefetched but not handed to the user are not counted.
         """
+        self._refuse_with_cpp("state_dict()")
         return {
             "version": _STATE_VERSION,
             "epoch": self._position["epoch"],
@@ -411,6 +464,7 @@ class ShardedDataLoader(_GluonDataLoader):
             or batch sampler. The message names the field. Every field is checked before
             anything changes, so a refused state leaves the loader as it was.
         """
+        self._refuse_with_cpp("load_state_dict()")
         resume = self._checked_state(state)
         if self._prestarted is not None:
             self._prestarted.close()
@@ -418,6 +472,14 @@ class ShardedDataLoader(_GluonDataLoader):
         self._resume = resume
         self._position = dict(resume)
         self._next_epoch = resume["epoch"]
+
+    def _refuse_with_cpp(self, what: str) -> None:
+        if self._cpp is not None:
+            raise RuntimeError(
+                f"{what} needs shardloader's own pipeline: with try_nopython=True this loader's "
+                "batches come from MXNet's C++ pipeline, whose order shardloader can neither "
+                "record nor replay; use try_nopython=None to checkpoint mid-epoch"
+            )
 
     def _checked_state(self, state: Any) -> Dict[str, Any]:
         """Check every field of ``state`` against this loader, changing nothing; return the
@@ -537,6 +599,7 @@ class ShardedDataLoader(_GluonDataLoader):
         for it in list(self._open):
             it.close()
         self._prestarted = None
+        self._cpp = None  # its C++ threads stop when MXNet frees the iterator
         if self._hub is not None:
             self._hub.pool.close()
             self._hub = None
@@ -559,6 +622,8 @@ class ShardedDataLoader(_GluonDataLoader):
     _prefetch = property(lambda self: self._opts.prefetch)
     _iter = property(lambda self: self._prestarted)
     auto_reload = property(lambda self: self._opts.auto_reload)
+    # MXNet 2.x's: Gluon's C++ pipeline where try_nopython=True uses it, else None.
+    _mx_iter = property(lambda self: self._cpp)
 
     def worker_pids(self) -> List[int]:
         """PIDs of the live worker processes (empty for inline or thread workers)."""
@@ -654,7 +719,7 @@ def _placement(opts: _options.LoaderOptions):
     if opts.ctx is not None:
         from ._device import normalize_ctx
 
-        ctx = normalize_ctx(opts.ctx)
+        ctx = normalize_ctx(opts.ctx, opts.ctx_name)
         if isinstance(ctx, list) and len(ctx) == 1:
             return ctx[0]
         return ctx
@@ -669,33 +734,115 @@ def _pin_context(opts: _options.LoaderOptions):
     return None
 
 
-def _check_shards_fit(ctx, num_shards: int, batch_sampler) -> None:
-    """Several contexts need steps of at most that many shards, where that is known now."""
+def _check_shards_fit(ctx, num_shards: int, batch_sampler, name: str = "ctx") -> None:
+    """Several contexts need steps of at most that many shards, where that is known now.
+    ``name`` is the argument's name as given: ``ctx``, or MXNet 2.x's ``device``."""
     if not isinstance(ctx, list):
         return
+    what = "devices" if name == "device" else "contexts"
     if num_shards > len(ctx):
         raise ValueError(
-            f"num_shards={num_shards} but ctx has {len(ctx)} contexts ({ctx}); each shard "
-            "needs its own context"
+            f"num_shards={num_shards} but {name} has {len(ctx)} {what} ({ctx}); each shard "
+            f"needs its own {what[:-1]}"
         )
     if not num_shards and getattr(batch_sampler, "yields_steps", None) is False:
         raise ValueError(
-            f"ctx lists {len(ctx)} contexts, one per shard, but the batches are not sharded; "
-            "pass num_shards=len(ctx), a batch_sampler that yields steps, or a single context"
+            f"{name} lists {len(ctx)} {what}, one per shard, but the batches are not sharded; "
+            f"pass num_shards=len({name}), a batch_sampler that yields steps, or a single "
+            f"{what[:-1]}"
         )
 
 
-def _require_steps(items, num_ctx: int):
+def _require_steps(items, num_ctx: int, name: str = "ctx"):
     """Refuse a plain batch when ctx lists several contexts: placing it would split it field
     by field (data on ctx[0], labels on ctx[1])."""
+    what = "devices" if name == "device" else "contexts"
     for seq, indices in items:
         if not is_sharded(indices):
             raise ValueError(
-                f"ctx lists {num_ctx} contexts, one per shard, but batch {seq} of the batch "
+                f"{name} lists {num_ctx} {what}, one per shard, but batch {seq} of the batch "
                 "sampler is a plain batch, not a step (a list of per-shard index lists); "
-                "pass num_shards=len(ctx) or a single context"
+                f"pass num_shards=len({name}) or a single {what[:-1]}"
             )
         yield seq, indices
+
+
+# shardloader's options that MXNet 2.x's C++ pipeline cannot honour, with their defaults.
+_NOT_IN_CPP = (
+    ("seed", None),
+    ("mxnet_seed", "batch"),
+    ("num_shards", 0),
+    ("num_parts", 1),
+    ("even_size", False),
+    ("worker_init_fn", None),
+    ("on_worker_death", "raise"),
+)
+
+
+def _cpp_pipeline(opts, dataset, sampler, batch_sampler, batchify_fn, start_method):
+    """MXNet 2.x's C++ pipeline for this loader, where ``try_nopython=True`` asks for it and
+    Gluon would use it; else ``None``.
+
+    Gluon (2.0.0b1) asks ``_check_mx_loader_capability`` whether the dataset, the batch
+    sampler and the batchify function it would use all have C++ counterparts. Where they do,
+    the C++ pipeline loads the batches here too, so they are Gluon's, whatever its
+    conventions (tuples, float32 values). Where they do not, Gluon's ``RuntimeError`` is
+    raised, with Gluon's message. ``try_nopython=None`` does not take this path: Gluon would
+    switch silently, but shardloader keeps its own workers and the batches of Gluon's
+    Python pipeline (docs/switching.md says why).
+    """
+    if not MX2 or not opts.try_nopython or opts.num_workers == 0:
+        return None  # Gluon ignores try_nopython without workers too
+    from mxnet.gluon.data import batchify as gluon_batchify
+    from mxnet.gluon.data import dataloader as gluon_loader
+    from mxnet.gluon.data import sampler as gluon_sampler
+
+    check = getattr(gluon_loader, "_check_mx_loader_capability", None)
+    pipeline = getattr(gluon_loader, "_MXThreadedDataLoader", None)
+    if check is None or pipeline is None:
+        import mxnet as mx
+
+        raise ValueError(
+            f"try_nopython=True: this MXNet ({mx.__version__}) has no C++ data pipeline that "
+            "shardloader knows (it uses MXNet 2.0's); use try_nopython=None or False"
+        )
+    if batch_sampler is None:  # the batch sampler Gluon would build from these arguments
+        if sampler is None:
+            length = len(dataset)
+            sampler = (
+                gluon_sampler.RandomSampler(length)
+                if opts.shuffle
+                else gluon_sampler.SequentialSampler(length)
+            )
+        batch_sampler = gluon_sampler.BatchSampler(
+            sampler, opts.batch_size, opts.last_batch or "keep"
+        )
+    if isinstance(batchify_fn, _batchify._FieldStack):  # the default: Gluon's, as Gluon has it
+        batchify_fn = gluon_batchify.Stack(use_shared_mem=True)
+    usable, args = check(dataset, batch_sampler, batchify_fn)
+    if not usable:
+        raise RuntimeError(args)  # Gluon's message, word for word
+    given = [
+        f"{name}={getattr(opts, name)!r}"
+        for name, default in _NOT_IN_CPP
+        if getattr(opts, name) != default
+    ]
+    if start_method is not None:
+        given.append(f"start_method={start_method!r}")
+    if given:
+        raise ValueError(
+            "try_nopython=True hands this loader to MXNet's C++ pipeline, which cannot honour "
+            f"{', '.join(given)}; drop {'it' if len(given) == 1 else 'them'}, or use "
+            "try_nopython=None for shardloader's own workers, which give the batches of "
+            "Gluon's Python pipeline"
+        )
+    return pipeline(
+        num_workers=opts.num_workers,
+        pin_memory=opts.pin_memory,
+        pin_device_id=opts.pin_device_id,
+        prefetch=opts.prefetch,
+        **args,
+    )
 
 
 def _sampler_state(sampler) -> Any:

@@ -47,9 +47,8 @@ import weakref
 from functools import partial
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-import mxnet as mx
-
 from . import _device
+from ._compat import DeviceType
 from ._errors import ClosedIteratorError, WorkerError
 
 __all__ = ["Prefetcher", "DevicePrefetcher", "PrefetchIterator"]
@@ -333,13 +332,13 @@ class Prefetcher:
         return f"{type(self).__name__}(buffer_size={self.buffer_size})"
 
 
-def _place_and_wait(item: Any, ctx: mx.Context) -> Any:
+def _place_and_wait(item: Any, ctx: DeviceType) -> Any:
     placed = _device.place(item, ctx)
     _device.wait_to_read(placed)
     return placed
 
 
-def _place_shards_and_wait(step: Any, ctxs: Sequence[mx.Context]) -> Any:
+def _place_shards_and_wait(step: Any, ctxs: Sequence[DeviceType]) -> Any:
     placed = _device.place_shards(step, ctxs)
     _device.wait_to_read(placed)
     return placed
@@ -356,6 +355,8 @@ class DevicePrefetcher(Prefetcher):
         is copied to ``ctx[i]``. ``mx.cpu_pinned(i)`` gives page-locked host memory.
     buffer_size : int, default 2
         The most items copied ahead of the consumer.
+    device : Device or list of Device, keyword-only
+        MXNet 2.x's name for ``ctx``; give one of the two.
 
     Notes
     -----
@@ -371,9 +372,21 @@ class DevicePrefetcher(Prefetcher):
     [cpu(0), cpu(1)]
     """
 
-    def __init__(self, ctx: Union[mx.Context, Sequence[mx.Context]], buffer_size: int = 2) -> None:
+    def __init__(
+        self,
+        ctx: Union[DeviceType, Sequence[DeviceType], None] = None,
+        buffer_size: int = 2,
+        *,
+        device: Union[DeviceType, Sequence[DeviceType], None] = None,
+    ) -> None:
         super().__init__(buffer_size)
-        self.ctx = _device.normalize_ctx(ctx, "ctx")
+        value, name = _device.device_argument(ctx, device)
+        if value is None:
+            raise TypeError(
+                f"DevicePrefetcher needs a {name}: an mxnet device such as mx.gpu(0), or a list "
+                "of them, one per shard (ctx= and device= are both accepted); got neither"
+            )
+        self.ctx = _device.normalize_ctx(value, name)
 
     def prefetch(self, iterable: Iterable) -> PrefetchIterator:
         """Start copying items of ``iterable`` to the context(s) now; return an iterator."""

@@ -19,6 +19,30 @@ from shardloader import _alloc
 # The suite runs under MXNet 1.9.1 (`make test`, the default) and 2.0.0b1 (`make test-mx2`).
 MX_VERSION = tuple(int(n) for n in re.findall(r"\d+", mx.__version__)[:2])
 MX2 = MX_VERSION >= (2, 0)
+# The array type of batches by default (2.x turns numpy semantics on at import), and the
+# module that makes arrays of that type, for samples that Gluon's own batchify accepts.
+ARRAY_TYPE = mx.np.ndarray if MX2 else mx.nd.NDArray
+ARRAYS = mx.np if MX2 else mx.nd
+# Gluon's Python pipeline under either version: with workers and try_nopython=None, Gluon 2.x
+# silently switches qualifying loaders to its C++ pipeline (tuples, float32 values).
+GLUON_PYTHON = {"try_nopython": False} if MX2 else {}
+
+
+# MXNet 2.0 logs which storage manager it picked, to stderr, in every process that uses it.
+_MXNET_STARTUP_LINE = re.compile(
+    r"^\[[\d:]+\] \S*storage\.cc:\d+: Using Pooled .*StorageManager.*$"
+)
+
+
+def without_mxnet_banner(stderr: str) -> str:
+    """``stderr`` without MXNet 2.0's start-up line ("storage.cc:202: Using Pooled (Naive)
+    StorageManager for CPU"), which tells nothing about the program."""
+    return "\n".join(line for line in stderr.splitlines() if not _MXNET_STARTUP_LINE.match(line))
+
+
+def where(array):
+    """The device (context, in 1.x) an MXNet array lives on, without 2.x's deprecation."""
+    return array.device if MX2 else array.context
 
 
 def requires_mx1(why: str):
@@ -36,7 +60,8 @@ def requires_mx2(why: str):
 
 def pytest_configure(config):
     # The subset that CI runs under MXNet 2.0 (`make test-mx2-smoke`): loader, workers,
-    # sharding, resume. Kept to a couple of minutes on 2 cores.
+    # sharding, devices, resume, try_nopython, 2.x's names, the fork-after-training
+    # scenario. Kept to a couple of minutes on 2 cores.
     config.addinivalue_line(
         "markers", "mx2_smoke: part of the MXNet 2.0 smoke run in CI (make test-mx2-smoke)"
     )

@@ -74,7 +74,7 @@ def train(kv: mx.kv.KVStore, args: argparse.Namespace) -> dict:
                 loss = loss_fn(net(features[:, 1:]), label)
             loss.backward()
             trainer.step(features.shape[0])
-            losses.append(float(loss.mean().asscalar()))
+            losses.append(loss.mean().asnumpy().item())
             steps += 1
         epochs.append({"epoch": epoch, "ids": ids, "steps": steps, "losses": losses})
     loader.close()
@@ -85,7 +85,7 @@ def train(kv: mx.kv.KVStore, args: argparse.Namespace) -> dict:
         "part_index": part_index,
         "epochs": epochs,
         "weight": net.weight.data().asnumpy().ravel().tolist(),
-        "bias": float(net.bias.data().asscalar()),
+        "bias": net.bias.data().asnumpy().item(),
     }
 
 

@@ -1,4 +1,6 @@
-"""Tests for shardloader.batchify: Gluon's default batchify and gluon-nlp's batchify functions."""
+"""Tests for shardloader.batchify: Gluon's default batchify, gluon-nlp's batchify functions and
+MXNet 2.x's (``Group``, ``AsList``, ``Append``, and 2.x's ``Stack`` and ``Pad`` through
+``gluon_equivalent``)."""
 
 import collections
 import doctest
@@ -9,11 +11,15 @@ import warnings
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import ARRAY_TYPE, ARRAYS, requires_mx2, where
 from mxnet.gluon.data.dataloader import default_batchify_fn as gluon_default_batchify_fn
 
 from shardloader import _alloc, batchify
 from shardloader.batchify import (
+    Append,
+    AsList,
     Dict,
+    Group,
     List,
     NamedTuple,
     Pad,
@@ -21,6 +27,8 @@ from shardloader.batchify import (
     Tuple,
     default_batchify_fn,
     default_mp_batchify_fn,
+    gluon_equivalent,
+    is_native,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -816,6 +824,147 @@ def test_functions_pickle_and_repr():
     assert repr(fns[1]) == "Pad(axis=1, pad_val=-1, ret_length=True, dtype='int32', round_to=4)"
     out = pickle.loads(pickle.dumps(fns[5]))([Sample(1, 2), Sample(3, 4)])
     assert_nd(out.data, [1, 3])
+
+
+# ----------------------------------------------------------------------------------------------
+# MXNet 2.x's batchify functions: Group, AsList, Append, and its Stack and Pad
+
+
+def test_group_is_tuple_by_its_2x_name():
+    tokens, words = Group(Pad(), AsList())([([1, 2, 3], "a"), ([4], "b")])
+    assert_nd(tokens, [[1, 2, 3], [4, 0, 0]], "float32")
+    assert words == ["a", "b"]
+    assert type(Group([Stack(), Stack()])([(1, 2), (3, 4)])) is tuple
+    assert repr(Group(Stack(), AsList())) == "Group(Stack(dtype=None), AsList())"
+    with pytest.raises(ValueError, match="Group: sample 1 has 3 fields, expected 2"):
+        Group(Stack(), Stack())([(1, 2), (3, 4, 5)])
+    with pytest.raises(batchify.BatchifyTypeError, match=r"Group: fn\[1\] must be a callable"):
+        Group(Stack(), 3)
+
+
+def test_append_gives_one_array_per_sample():
+    out = Append()([[1, 2, 3], np.arange(2, dtype=np.uint8), ARRAYS.array([5, 6], dtype="int32")])
+    assert [type(a) for a in out] == [ARRAY_TYPE] * 3
+    assert [a.shape for a in out] == [(1, 3), (1, 2), (1, 2)]
+    # Anything but an MXNet array becomes float32, as mx.nd.array makes it.
+    assert [str(np.dtype(a.dtype)) for a in out] == ["float32", "float32", "int32"]
+    np.testing.assert_array_equal(out[0].asnumpy(), [[1, 2, 3]])
+    assert [a.shape for a in Append(expand=False)([[1, 2, 3], [4]])] == [(3,), (1,)]
+    assert [a.shape for a in Append(batch_axis=1)([np.zeros((2, 3))])] == [(2, 1, 3)]
+    assert [a.shape for a in Append()([7.0])] == [(1,)]
+    with pytest.raises(ValueError, match="Append: batch_axis 3 is out of range for sample 0"):
+        Append(batch_axis=3)([[1, 2]])
+    with pytest.raises(TypeError, match="Append: expand must be True or False"):
+        Append(expand="yes")
+    assert is_native(Append()) and is_native(Group(Stack(), AsList()))
+
+
+def test_gluon_equivalent_keeps_what_it_does_not_know():
+    assert gluon_equivalent(len) is len
+    assert gluon_equivalent(Stack()).__class__ is Stack
+    from mxnet.gluon.data.dataloader import default_mp_batchify_fn as gluon_mp
+
+    assert gluon_equivalent(gluon_default_batchify_fn) is default_batchify_fn
+    assert gluon_equivalent(gluon_mp) is default_batchify_fn
+
+
+def _gluon2():
+    return pytest.importorskip("mxnet.gluon.data.batchify")
+
+
+def assert_same_2x(ours, theirs):
+    """Same containers, array types, dtypes, shapes, devices and values."""
+    assert type(ours) is type(theirs), (type(ours), type(theirs))
+    if isinstance(theirs, mx.nd.NDArray):
+        assert (ours.dtype, ours.shape) == (theirs.dtype, theirs.shape)
+        assert where(ours) == where(theirs)
+        np.testing.assert_array_equal(ours.asnumpy(), theirs.asnumpy())
+    elif isinstance(theirs, (list, tuple)):
+        assert len(ours) == len(theirs)
+        for a, b in zip(ours, theirs):
+            assert_same_2x(a, b)
+    else:
+        assert ours == theirs
+
+
+STACK_2X_CASES = {
+    "ints": [1, 2, 3],
+    "floats": [1.0, 2.5],
+    "numpy scalars": [np.float16(1), np.float16(2)],
+    "bools": [True, False],
+    "numpy arrays": [np.zeros((2, 2), "uint8"), np.ones((2, 2), "uint8")],
+    "lists are fields": [[1, 2.5, 3], [4, 5.5, 6]],
+    "tuples": [(np.zeros(2), 1), (np.ones(2), 2)],
+    "nested": [([1, 2], 3), ([4, 5], 6)],
+    "mx arrays": lambda: [mx.np.zeros((2,)), mx.np.ones((2,))],
+}
+PAD_2X_CASES = {
+    "ragged ints": ([[1, 2, 3], [4]], {}),
+    "ragged floats": ([[1.0, 2.0], [3.0]], dict(val=-1)),
+    "first sample's dtype": ([np.arange(3, dtype="int32"), np.arange(1, dtype="int64")], {}),
+    "every axis": ([np.ones((2, 3)), np.ones((1, 4))], dict(val=7)),
+    "round_to every axis": ([np.ones((2, 3)), np.ones((1, 4))], dict(val=-1, round_to=4)),
+    "dtype": ([[1, 2, 3], [4]], dict(dtype="float16", round_to=2)),
+    "mx arrays": (lambda: [mx.np.ones((3,)), mx.np.ones((1,))], {}),
+}
+
+
+@requires_mx2("mxnet.gluon.data.batchify, new in 2.x")
+@pytest.mark.filterwarnings("ignore:Using Pad with NDArrays is discouraged")
+def test_2x_stack_pad_group_and_aslist_give_gluons_batches():
+    gluon = _gluon2()
+    for name, data in STACK_2X_CASES.items():
+        data = data() if callable(data) else data
+        ours = gluon_equivalent(gluon.Stack())
+        assert is_native(ours), name
+        assert_same_2x(ours(data), gluon.Stack()(data))
+    for data, kwargs in PAD_2X_CASES.values():
+        data = data() if callable(data) else data
+        assert_same_2x(gluon_equivalent(gluon.Pad(**kwargs))(data), gluon.Pad(**kwargs)(data))
+    group = gluon.Group(gluon.Pad(val=-1), gluon.Stack(), gluon.AsList())
+    data = [([1, 2, 3], 0, "a"), ([4], 1, "b")]
+    ours = gluon_equivalent(group)
+    assert type(ours) is Group and is_native(ours)
+    assert_same_2x(ours(data), group(data))
+    # A user's function inside a Group stays the user's (and the Group not native).
+    mixed = gluon_equivalent(gluon.Group(gluon.Stack(), len))
+    assert mixed._fns[1] is len and not is_native(mixed)
+
+
+@requires_mx2("mxnet.gluon.data.batchify, new in 2.x")
+def test_2x_append_gives_gluons_arrays_in_legacy_mode():
+    """2.0.0b1's Append works only without numpy semantics (it looks for mx.np.NDArray)."""
+    gluon = _gluon2()
+    before = _alloc.numpy_flags()
+    mx.npx.reset_np()
+    try:
+        for data in ([[1, 2, 3], [4, 5]], [np.arange(2), np.arange(3)], [mx.nd.ones((2,))]):
+            for kwargs in ({}, {"expand": False}, {"batch_axis": 1}):
+                ours = gluon_equivalent(gluon.Append(**kwargs))
+                assert_same_2x(ours(data), gluon.Append(**kwargs)(data))
+    finally:
+        _alloc.set_numpy_flags(before)
+
+
+@requires_mx2("Gluon 2.x's Stack, which refuses legacy mx.nd samples under numpy semantics")
+def test_2x_stack_takes_legacy_ndarray_samples_too():
+    gluon = _gluon2()
+    samples = [mx.nd.ones((2,)), mx.nd.zeros((2,))]
+    with pytest.raises(KeyError):
+        gluon.Stack()(samples)  # Gluon's own: np.asarray over legacy arrays
+    out = gluon_equivalent(gluon.Stack())(samples)
+    assert type(out) is mx.np.ndarray and out.asnumpy().tolist() == [[1, 1], [0, 0]]
+
+
+def test_2x_pad_checks_its_input():
+    from shardloader.batchify import _PadEveryAxis
+
+    with pytest.raises(TypeError, match="Pad: sample 0 must be an array or a list"):
+        _PadEveryAxis()([(1, 2), (3, 4)])
+    with pytest.raises(ValueError, match="Pad: sample 1 has 2 dimensions"):
+        _PadEveryAxis()([np.ones(2), np.ones((2, 2))])
+    with pytest.raises(ValueError, match="round_to must be None or a positive int, got 0"):
+        _PadEveryAxis(round_to=0)
 
 
 # ----------------------------------------------------------------------------------------------

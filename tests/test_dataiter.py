@@ -9,7 +9,7 @@ import traceback
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import our_threads
+from conftest import our_threads, requires_mx1
 from mxnet.gluon.data import ArrayDataset, DataLoader
 
 from shardloader import prefetch
@@ -47,6 +47,7 @@ def mlp(classes=3):
     return mx.sym.SoftmaxOutput(net, name="softmax")
 
 
+@requires_mx1("mx.mod.Module, which 2.x removed with the symbolic DataIter training loop")
 @pytest.mark.filterwarnings("ignore:Parameters already initialized")
 def test_module_fit_trains_through_the_adapter():
     mx.random.seed(7)
@@ -461,6 +462,7 @@ def test_prefetching_close_gc_and_break_leave_no_thread():
     assert len(threading.enumerate()) == before
 
 
+@requires_mx1("mx.mod.Module, which 2.x removed with the symbolic DataIter training loop")
 def test_loader_dataiter_under_prefetching_iter_trains():
     X, y = separable(200, seed=14)
     source = LoaderDataIter(DataLoader(ArrayDataset(X, y), batch_size=25), batch_size=25)

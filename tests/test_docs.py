@@ -13,6 +13,11 @@ by an HTML comment, ``<!-- skip-test -->``, best with the reason in it::
     ```python
     ...
     ```
+
+A block that only one MXNet version can run says which, with the reason, and is skipped
+under the other (the suite runs under MXNet 1.9.1 and 2.0.0b1)::
+
+    <!-- mxnet1-only: mx.mod.Module, which MXNet 2.x removed -->
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import List, NamedTuple, Optional
 
 import pytest
+from conftest import MX2
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_leaks")]
 
@@ -40,7 +46,11 @@ _PAGE_TIMEOUT_S = 120.0
 _BUILD_TIMEOUT_S = 240.0
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^\n`]*)$")
-_SKIP = re.compile(r"^\s*<!--\s*skip-test\b(?P<reason>.*?)-->\s*$")
+_SKIP = re.compile(
+    r"^\s*<!--\s*(?P<kind>skip-test|mxnet1-only|mxnet2-only)\b(?P<reason>.*?)-->\s*$"
+)
+# Which marker skips a block under the MXNet in use.
+_SKIPPED_HERE = {"skip-test", "mxnet1-only" if MX2 else "mxnet2-only"}
 
 
 class Block(NamedTuple):
@@ -102,8 +112,8 @@ def _skip_reason(page: Path, lines: List[str], fence_line: int, code: str) -> Op
         k -= 1
     if k >= 0:
         marker = _SKIP.match(lines[k])
-        if marker:
-            return marker["reason"].strip(" :-") or "marked skip-test"
+        if marker and marker["kind"] in _SKIPPED_HERE:
+            return marker["reason"].strip(" :-") or f"marked {marker['kind']}"
     return None
 
 
@@ -187,7 +197,7 @@ def test_skip_markers_sit_right_before_python_blocks() -> None:
                 k += 1
             fence = _FENCE.match(lines[k]) if k < len(lines) else None
             if not fence or fence["info"].strip().split(" ")[0].lower() not in ("python", "py"):
-                problems.append(f"{_rel(page)}:{n + 1}: skip-test is not before a python block")
+                problems.append(f"{_rel(page)}:{n + 1}: a skip marker is not before a python block")
     assert not problems, "\n".join(problems)
 
 
@@ -203,6 +213,11 @@ def test_block_extraction(tmp_path: Path) -> None:
         <!-- skip-test: needs a GPU -->
         ```python
         import this_does_not_exist
+        ```
+
+        <!-- mxnet1-only: mx.mod -->
+        ```python
+        z = 1
         ```
 
         - A list item with a block:
@@ -222,7 +237,8 @@ def test_block_extraction(tmp_path: Path) -> None:
     assert [(b.line, b.code, b.skip) for b in blocks] == [
         (4, "x = 1", None),
         (9, "import this_does_not_exist", "needs a GPU"),
-        (15, "y = x + 1", None),
+        (14, "z = 1", "mx.mod" if MX2 else None),
+        (20, "y = x + 1", None),
     ]
 
 

@@ -6,11 +6,23 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import GLUON_PYTHON, MX2
 from mxnet import gluon
 from mxnet.gluon.contrib.estimator import Estimator
 from mxnet.gluon.data import ArrayDataset
 
 from shardloader import DataLoader
+
+# Gluon's attributes in both versions, then those only one version's Gluon has.
+GLUON_ATTRIBUTES = (
+    "_dataset",
+    "_num_workers",
+    "_pin_memory",
+    "_pin_device_id",
+    "_thread_pool",
+    "_timeout",
+    "_prefetch",
+) + (("_mx_iter",) if MX2 else ("auto_reload",))
 
 
 def _data(n=64):
@@ -33,18 +45,11 @@ def test_it_is_a_gluon_dataloader():
 )
 def test_gluons_private_attributes_have_gluons_meaning(no_leaks, kwargs):
     data = _data()
-    theirs = gluon.data.DataLoader(data, batch_size=8, **kwargs)
+    # Under 2.x, Gluon's Python pipeline: with try_nopython=None Gluon would use its C++ one,
+    # and so would shardloader only with try_nopython=True (test_mx2_smoke.py).
+    theirs = gluon.data.DataLoader(data, batch_size=8, **kwargs, **GLUON_PYTHON)
     with DataLoader(data, batch_size=8, **kwargs) as mine:
-        for name in (
-            "_dataset",
-            "_num_workers",
-            "_pin_memory",
-            "_pin_device_id",
-            "_thread_pool",
-            "_timeout",
-            "_prefetch",
-            "auto_reload",
-        ):
+        for name in GLUON_ATTRIBUTES:
             assert getattr(mine, name) == getattr(theirs, name), name
         assert mine._worker_pool is None
         assert len(mine._batch_sampler) == len(theirs._batch_sampler)
@@ -57,12 +62,15 @@ def test_gluons_private_attributes_have_gluons_meaning(no_leaks, kwargs):
 def test_estimator_fit_and_evaluate(no_leaks, workers):
     net = gluon.nn.Dense(2)
     net.initialize(mx.init.Xavier())
+    # MXNet 2.x moved the metrics to mx.gluon.metric and renamed Estimator's context=.
+    metrics = mx.gluon.metric if MX2 else mx.metric
+    placement = {"device": mx.cpu()} if MX2 else {"context": mx.cpu()}
     est = Estimator(
         net=net,
         loss=gluon.loss.SoftmaxCrossEntropyLoss(),
-        train_metrics=mx.metric.Accuracy(),
+        train_metrics=metrics.Accuracy(),
         trainer=gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.5}),
-        context=mx.cpu(),
+        **placement,
     )
     train = DataLoader(_data(), batch_size=8, shuffle=True, num_workers=workers)
     val = DataLoader(_data(32), batch_size=8, num_workers=workers)

@@ -9,6 +9,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from _datasets import RangeDataset, ReverseSlowDataset, VarLenDataset
+from conftest import ARRAY_TYPE, ARRAYS, requires_mx1, where
 from mxnet.gluon.data import ArrayDataset, SimpleDataset
 from mxnet.gluon.data import DataLoader as GluonDataLoader
 
@@ -53,7 +54,10 @@ DATASETS = {
     "numpy-tuple": lambda: ArrayDataset(
         np.arange(23 * 3, dtype="float32").reshape(23, 3), np.arange(23)
     ),
-    "nd-samples": lambda: ArrayDataset(mx.nd.arange(23 * 2).reshape(23, 2)),
+    # MXNet arrays of the default type (mx.np under 2.x, whose Stack refuses legacy mx.nd).
+    "nd-samples": lambda: ArrayDataset(ARRAYS.arange(23 * 2).reshape(23, 2)),
+    # Gluon 1.x stacks list samples; 2.x's Stack splits them into fields, as tuples.
+    "list-samples": lambda: SimpleDataset([[i, i * 0.5] for i in range(23)]),
     "python-numbers": lambda: SimpleDataset([float(i) / 3 for i in range(23)]),
     "int-tuples": lambda: SimpleDataset([(i, i * 2) for i in range(23)]),
     "nested": lambda: SimpleDataset(
@@ -165,13 +169,13 @@ def test_pin_memory_returns_pinned_ndarrays(backend):
         batches = list(loader)
     assert len(batches) == 2
     for data, label in batches:
-        assert data.context == mx.cpu_pinned(0)
-        assert label.context == mx.cpu_pinned(0)
+        assert where(data) == mx.cpu_pinned(0)
+        assert where(label) == mx.cpu_pinned(0)
     assert batches[1][1].asnumpy().tolist() == [4, 5, 6, 7]
 
 
 def test_numpy_and_ndarray_datasets_directly():
-    for ds in (np.arange(10, dtype="float32"), mx.nd.arange(10)):
+    for ds in (np.arange(10, dtype="float32"), ARRAYS.arange(10)):
         expected = gluon(ds, batch_size=4)
         with ShardedDataLoader(ds, batch_size=4) as loader:
             assert collect(loader) == expected
@@ -219,7 +223,7 @@ GLUON_ERRORS = [
     (dict(batch_size=2, prefetch=-1), ValueError, "prefetch"),
     (dict(batch_size=2, timeout=-1), ValueError, "timeout"),
     (dict(batch_size=2, num_workers=-2), ValueError, "num_workers"),
-    (dict(batch_size=2, try_nopython=True), ValueError, "try_nopython"),
+    (dict(batch_size=2, try_nopython="yes"), TypeError, "try_nopython"),
     (dict(batch_size=2, start_method="telepathy"), ValueError, "start_method"),
     (dict(batch_size=2, on_worker_death="ignore"), ValueError, "on_worker_death"),
     (dict(batch_size=2, batchify_fn=3), TypeError, "batchify_fn"),
@@ -230,6 +234,12 @@ GLUON_ERRORS = [
 def test_argument_errors_name_the_argument(kwargs, exc, text):
     with pytest.raises(exc, match=text):
         ShardedDataLoader(RangeDataset(4), **kwargs)
+
+
+@requires_mx1("try_nopython=True: 2.x has a C++ pipeline (see test_mx2_smoke.py)")
+def test_try_nopython_true_says_this_mxnet_has_no_cpp_pipeline():
+    with pytest.raises(ValueError, match=f"try_nopython=True .* MXNet {mx.__version__} does not"):
+        ShardedDataLoader(RangeDataset(4), batch_size=2, try_nopython=True)
 
 
 def test_bad_datasets_are_rejected_at_construction():
@@ -332,7 +342,7 @@ def contexts(batch):
         return contexts(list(batch.values()))
     if isinstance(batch, (list, tuple)):
         return {c for b in batch for c in contexts(b)}
-    return {batch.context} if isinstance(batch, mx.nd.NDArray) else set()
+    return {where(batch)} if isinstance(batch, mx.nd.NDArray) else set()
 
 
 @pytest.mark.parametrize("pin_memory", [False, True], ids=["plain", "pin_memory"])
@@ -372,9 +382,7 @@ def test_sharded_steps_with_pin_memory_are_lists_of_lists():
     with ShardedDataLoader(RangeDataset(8), batch_size=2, num_shards=2, pin_memory=True) as loader:
         steps = list(loader)
     assert [structure(step)[0] for step in steps] == ["list"] * 2
-    assert all(
-        type(shard) is list and type(shard[0]) is mx.nd.NDArray for s in steps for shard in s
-    )
+    assert all(type(shard) is list and type(shard[0]) is ARRAY_TYPE for s in steps for shard in s)
     assert steps[1][1][1].asnumpy().tolist() == [6, 7]
 
 

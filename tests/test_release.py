@@ -232,6 +232,42 @@ def test_release_is_a_libc_call_not_a_python_callback():
     del wrapped
 
 
+@pytest.mark.mx2_smoke  # the one property of MXNet's C API that the leases rely on
+def test_mxnet_keeps_the_lease_and_releases_it_by_its_own_address():
+    """The lease protocol rests on one property of MXNet's DLPack import with
+    ``transient_handle=False`` (1.9.1's ``MXNDArrayFromDLPackEx``, 2.x's
+    ``MXNDArrayFromDLPack``): MXNet neither copies the ``DLManagedTensor`` nor frees it, reads
+    the memory in place, and calls the deleter once, with the struct's own address, where
+    the semaphore lives. Checked here with a recording deleter (test-only: a Python one)."""
+    import ctypes
+
+    calls = []
+    deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(calls.append)
+    native = _alloc._registry._native or _alloc._Native()
+    buf = np.arange(6, dtype=np.float32)
+    lease = _alloc._Lease()
+    tensor = lease.dl_tensor
+    tensor.data = buf.ctypes.data
+    tensor.ctx = _alloc._DLContext(1, 0)
+    tensor.ndim = 1
+    tensor.dtype = _alloc._DLDataType(2, 32, 1)
+    shape = (ctypes.c_int64 * 1)(6)
+    tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    lease.deleter = ctypes.cast(deleter, ctypes.c_void_p).value
+    from mxnet.base import NDArrayHandle, check_call
+
+    handle = NDArrayHandle()
+    check_call(native.from_dlpack(ctypes.byref(lease), False, ctypes.byref(handle)))
+    wrapped = mx.nd.NDArray(handle=handle)
+    buf[0] = 42.0  # no copy: MXNet reads this memory
+    assert wrapped.asnumpy()[0] == 42.0
+    assert calls == []
+    del wrapped
+    gc.collect()
+    mx.nd.waitall()
+    assert _settle(lambda: calls == [ctypes.addressof(lease)]), calls
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "uint8", "int8", "int32"])
 def test_wrapped_arrays_keep_values_and_dtype(dtype):
     src = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)

@@ -19,6 +19,7 @@ from shardloader.sampler import (
     ExpWidthBucket,
     FilterSampler,
     FixedBucketSampler,
+    IntervalSampler,
     LinearWidthBucket,
     PartitionSampler,
     RandomSampler,
@@ -63,6 +64,41 @@ def test_filter_matches_gluon():
     gluon = gdata.FilterSampler(lambda x: x % 3 == 1, data)
     assert list(ours) == list(gluon)
     assert len(ours) == len(gluon)
+
+
+# MXNet 2.x has it in gluon.data, 1.x in gluon.contrib.data: the same order in both.
+GLUON_INTERVAL = getattr(gdata, "IntervalSampler", None)
+if GLUON_INTERVAL is None:
+    from mxnet.gluon.contrib.data import IntervalSampler as GLUON_INTERVAL
+
+
+@pytest.mark.parametrize(
+    "length,interval,rollover",
+    [(13, 3, True), (13, 3, False), (1, 1, True), (8, 8, False), (9, 2, True)],
+)
+def test_interval_matches_gluon(length, interval, rollover):
+    ours = IntervalSampler(length, interval, rollover=rollover)
+    gluon = GLUON_INTERVAL(length, interval, rollover=rollover)
+    assert list(ours) == list(gluon) == list(ours)
+    # Gluon's len() is `length` even when a pass without rollover yields fewer indices.
+    assert len(ours) == len(list(gluon))
+
+
+def test_interval_resumes_mid_pass_and_checks_its_arguments():
+    sampler = IntervalSampler(13, 3)
+    it = iter(sampler)
+    head = [next(it) for _ in range(6)]
+    resumed = IntervalSampler(13, 3)
+    resumed.load_state_dict(roundtrip(sampler.state_dict()))
+    assert head + list(resumed) == list(IntervalSampler(13, 3))
+    with pytest.raises(ValueError, match="state_dict mismatch: interval"):
+        IntervalSampler(13, 4).load_state_dict(roundtrip(sampler.state_dict()))
+    with pytest.raises(ValueError, match=r"interval must be an int in \[1, length=4\], got 5"):
+        IntervalSampler(4, 5)
+    with pytest.raises(ValueError, match="interval must be a positive int, got 0"):
+        IntervalSampler(4, 0)
+    with pytest.raises(TypeError, match="rollover must be a bool"):
+        IntervalSampler(4, 2, rollover="yes")
 
 
 def test_random_is_a_permutation_of_python_ints():

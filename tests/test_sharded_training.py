@@ -21,6 +21,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import ARRAYS, where
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mxnet import autograd, gluon
@@ -61,7 +62,7 @@ class LinearDataset:
 
 def make_net(ctx):
     net = gluon.nn.Dense(1, in_units=FEATURES)
-    net.initialize(mx.init.Constant(0.25), ctx=ctx)  # the bias starts at zero
+    net.initialize(mx.init.Constant(0.25), ctx)  # the bias starts at zero (2.x: device=)
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
     return net, trainer
 
@@ -77,7 +78,7 @@ def train_on_two_devices(loader, epochs=EPOCHS):
     steps = []
     for _ in range(epochs):
         for step in loader:
-            assert [x.context for x, _, _ in step][: len(CTXS)] == CTXS[: len(step)]
+            assert [where(x) for x, _, _ in step][: len(CTXS)] == CTXS[: len(step)]
             with autograd.record():
                 losses = [loss_fn(net(x), y) for x, y, _ in step]
             autograd.backward(losses)
@@ -94,7 +95,7 @@ def replay_on_one_device(dataset, steps):
     loss_fn = gluon.loss.L2Loss()
     for step in steps:
         ids = [i for shard in step for i in shard]
-        x, y = mx.nd.array(dataset.x[ids]), mx.nd.array(dataset.y[ids])
+        x, y = ARRAYS.array(dataset.x[ids]), ARRAYS.array(dataset.y[ids])  # the blocks' type
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()

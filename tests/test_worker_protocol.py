@@ -371,9 +371,18 @@ class FailingInit:
             raise ValueError("init failed")
 
 
+class SlowRange(RangeDataset):
+    """Slow enough that the healthy thread cannot finish the epoch before the failing
+    thread's report is read, however the threads are scheduled."""
+
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return super().__getitem__(i)
+
+
 def test_a_thread_worker_whose_init_fails_is_reported_at_once(tmp_path):
     with ShardedDataLoader(
-        RangeDataset(16),
+        SlowRange(16),
         batch_size=4,
         num_workers=2,
         thread_pool=True,

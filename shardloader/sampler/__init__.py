@@ -15,7 +15,8 @@ here follows one protocol, on top of ``__iter__`` and ``__len__``:
   when the sampler is built, and ``.seed`` tells which.
 
 Gluon's ``SequentialSampler``, ``RandomSampler``, ``FilterSampler`` and ``BatchSampler``
-keep MXNet 1.9.1's order, ``last_batch`` semantics and ``len()``. ``SplitSampler``,
+keep MXNet 1.9.1's order, ``last_batch`` semantics and ``len()`` (MXNet 2.x's are the same),
+and ``IntervalSampler`` keeps MXNet 2.x's order. ``SplitSampler``,
 ``FixedBucketSampler``, ``SortedBucketSampler`` and ``SortedSampler`` follow gluon-nlp.
 
 Step samplers (``ShardGroupSampler``, ``FixedBucketSampler(num_shards=N)``) give every step
@@ -27,7 +28,14 @@ within a pass, except samples that fill a last step which has fewer samples than
 ``last_group='pad'``) asks for.
 """
 
-from ._base import FilledStep, FilterSampler, RandomSampler, Sampler, SequentialSampler
+from ._base import (
+    FilledStep,
+    FilterSampler,
+    IntervalSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 from ._batch import BatchSampler, ShardGroupSampler, fill_step
 from ._bucket import FixedBucketSampler, SortedBucketSampler, SortedSampler
 from ._scheme import BucketScheme, ConstWidthBucket, ExpWidthBucket, LinearWidthBucket
@@ -38,6 +46,7 @@ __all__ = [
     "SequentialSampler",
     "RandomSampler",
     "FilterSampler",
+    "IntervalSampler",
     "BatchSampler",
     "ShardGroupSampler",
     "PartitionSampler",

@@ -22,6 +22,7 @@ learns about it.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
@@ -31,7 +32,14 @@ from mxnet.gluon.data.sampler import Sampler as _GluonSampler
 
 from .._seeding import epoch_rng, fresh_seed
 
-__all__ = ["Sampler", "SequentialSampler", "RandomSampler", "FilterSampler", "FilledStep"]
+__all__ = [
+    "Sampler",
+    "SequentialSampler",
+    "RandomSampler",
+    "FilterSampler",
+    "IntervalSampler",
+    "FilledStep",
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,3 +655,55 @@ class FilterSampler(Sampler):
 
     def _config(self) -> Dict[str, Any]:
         return {"length": len(self._indices)}
+
+
+class IntervalSampler(Sampler):
+    """Yields every ``interval``-th index of ``range(length)``, then, with ``rollover``, the
+    same from 1, from 2, ... until every index has come once: MXNet 2.x's
+    ``gluon.data.IntervalSampler`` (1.x's ``gluon.contrib.data.IntervalSampler``), in the
+    same order.
+
+    Unlike MXNet's, whose ``len()`` is ``length`` even with ``rollover=False``,
+    ``len()`` is the number of indices a pass yields, so a ``BatchSampler`` over it counts
+    its batches right.
+
+    Parameters
+    ----------
+    length : int
+        Number of indices.
+    interval : int
+        The step between two indices of one sweep, from 1 to ``length``.
+    rollover : bool, default True
+        Sweep again from each skipped start, so every index comes once; ``False`` stops
+        after the sweep from 0.
+
+    Examples
+    --------
+    >>> list(IntervalSampler(13, interval=3))
+    [0, 3, 6, 9, 12, 1, 4, 7, 10, 2, 5, 8, 11]
+    >>> sampler = IntervalSampler(13, interval=3, rollover=False)
+    >>> list(sampler), len(sampler)
+    ([0, 3, 6, 9, 12], 5)
+    """
+
+    def __init__(self, length: int, interval: int, rollover: bool = True) -> None:
+        self._length = check_int("length", length)
+        self._interval = check_int("interval", interval, minimum=1)
+        if self._interval > self._length:
+            raise ValueError(
+                f"interval must be an int in [1, length={self._length}], got {self._interval}"
+            )
+        self._rollover = check_bool("rollover", rollover)
+
+    def __len__(self) -> int:
+        if self._rollover:
+            return self._length
+        return -(-self._length // self._interval)
+
+    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
+        sweeps = self._interval if self._rollover else 1
+        order = (j for i in range(sweeps) for j in range(i, self._length, self._interval))
+        return itertools.islice(order, start, None)
+
+    def _config(self) -> Dict[str, Any]:
+        return {"length": self._length, "interval": self._interval, "rollover": self._rollover}

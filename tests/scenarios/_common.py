@@ -25,6 +25,38 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+
+# The programs run under MXNet 1.9.1 and 2.0.0b1. What 2.x spells differently goes through the
+# helpers below (scalar, array, device_of, to_device), not through version tests in programs.
+def mxnet_2() -> bool:
+    import mxnet as mx
+
+    return int(mx.__version__.split(".")[0]) >= 2
+
+
+def scalar(x) -> float:
+    """The value of a one-element MXNet array (``asscalar()`` is 1.x only)."""
+    return x.asnumpy().item()
+
+
+def array(values, **kwargs):
+    """An MXNet array of the default type (``mx.np`` under 2.x, ``mx.nd`` under 1.x): what
+    Gluon blocks take."""
+    import mxnet as mx
+
+    return (mx.np if mxnet_2() else mx.nd).array(values, **kwargs)
+
+
+def device_of(a):
+    """Where an MXNet array lives (``.device`` in 2.x, ``.context`` in 1.x)."""
+    return a.device if mxnet_2() else a.context
+
+
+def to_device(a, device):
+    """``a`` on ``device`` (``to_device`` in 2.x, ``as_in_context`` in 1.x)."""
+    return a.to_device(device) if hasattr(a, "to_device") else a.as_in_context(device)
+
+
 # Python's own multiprocessing helpers (started once per interpreter by spawn/forkserver and
 # kept until it exits) are not ours to clean up.
 _PYTHON_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -67,12 +99,15 @@ def worker_kwargs(workers: str, start_method: str = "fork", n: int = 2) -> Dict[
 
 
 def gluon_worker_kwargs(workers: str, n: int = 2) -> Dict[str, Any]:
-    """The same worker mode for Gluon's DataLoader (which has no start method)."""
+    """The same worker mode for Gluon's DataLoader (which has no start method). Under 2.x,
+    Gluon's Python pipeline: with workers, Gluon 2.x would otherwise switch some datasets
+    to its C++ pipeline (tuples, float32 values)."""
+    python = {"try_nopython": False} if mxnet_2() else {}
     if workers == "inline":
         return {"num_workers": 0}
     if workers == "thread":
-        return {"num_workers": n, "thread_pool": True}
-    return {"num_workers": n}
+        return {"num_workers": n, "thread_pool": True, **python}
+    return {"num_workers": n, **python}
 
 
 # --------------------------------------------------------------------------- the process
@@ -271,7 +306,8 @@ def small_convnet(classes: int = 4, ctx=None, seed: int = 0):
         gluon.nn.Flatten(),
         gluon.nn.Dense(classes, in_units=4 * 3 * 3),
     )
-    net.initialize(mx.init.Zero(), ctx=ctx or mx.cpu())
+    _complete_conv_shapes(net)
+    net.initialize(mx.init.Zero(), ctx or mx.cpu())  # positional: 2.x calls it device
     set_params_from_seed(net, seed)
     return net
 
@@ -295,9 +331,25 @@ def conv_classifier(classes: int = 4, seed: int = 0):
         gluon.nn.Flatten(),
         gluon.nn.Dense(classes, in_units=16 * 4 * 4),
     )
+    _complete_conv_shapes(net)
     net.initialize(mx.init.Zero())
     set_params_from_seed(net, seed, scale=0.1)
     return net
+
+
+def _complete_conv_shapes(net) -> None:
+    """MXNet 2.0 leaves a convolution's weight shape ``(out, -1, k, k)`` until the first
+    forward pass, even with ``in_channels`` given; fill it in from ``in_channels``, so that
+    ``set_params_from_seed`` can draw the weights. (A forward pass first would leave the
+    weights in oneDNN's layout, which ``set_data`` refuses in 2.0.0b1.)"""
+    from mxnet import gluon
+
+    for block in net:
+        weight = getattr(block, "weight", None)
+        if isinstance(block, gluon.nn.Conv2D) and weight is not None and -1 in weight.shape:
+            shape = list(weight.shape)
+            shape[1] = block._in_channels
+            weight.shape = tuple(shape)
 
 
 def set_params_from_seed(net, seed: int, scale: float = 0.3) -> None:

@@ -31,7 +31,7 @@ def make_net(ctx):
 
     net = gluon.nn.Sequential()
     net.add(gluon.nn.Dense(8, activation="tanh", in_units=6), gluon.nn.Dense(1, in_units=8))
-    net.initialize(mx.init.Zero(), ctx=ctx)
+    net.initialize(mx.init.Zero(), ctx)  # positional: 2.x calls it device
     _common.set_params_from_seed(net, 3)
     return net
 
@@ -59,9 +59,9 @@ def train_sharded(ds, order, last_batch, sc):
         for epoch in range(EPOCHS):
             for step in loader:
                 check(
-                    [x.context for x, _, _ in step] == ctx[: len(step)],
+                    [_common.device_of(x) for x, _, _ in step] == ctx[: len(step)],
                     f"epoch {epoch} step {len(steps)}: shards on "
-                    f"{[x.context for x, _, _ in step]}, expected {ctx}",
+                    f"{[_common.device_of(x) for x, _, _ in step]}, expected {ctx}",
                 )
                 with autograd.record():
                     losses = [loss_fn(net(x), y) for x, y, _ in step]
@@ -84,7 +84,7 @@ def replay_one_device(ds, steps):
     loss_fn = gluon.loss.L2Loss()
     for step in steps:
         idx = [i for shard in step for i in shard]
-        x, y = mx.nd.array(ds.x[idx]), mx.nd.array(ds.y[idx])
+        x, y = _common.array(ds.x[idx]), _common.array(ds.y[idx])
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
@@ -103,7 +103,11 @@ def train_gluon_split_and_load(ds, order, last_batch):
     trainer = gluon.Trainer(net.collect_params(), *OPTIMIZER)
     loss_fn = gluon.loss.L2Loss()
     loader = DataLoader(
-        ds, batch_size=PER_SHARD * 2, sampler=order, last_batch=last_batch, num_workers=2
+        ds,
+        batch_size=PER_SHARD * 2,
+        sampler=order,
+        last_batch=last_batch,
+        **_common.gluon_worker_kwargs("process"),
     )
     for _ in range(EPOCHS):
         for x, y, _ in loader:

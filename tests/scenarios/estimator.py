@@ -32,13 +32,15 @@ def run(loader_cls, kwargs, sc, what):
 
     net = _common.small_convnet()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9})
+    # MXNet 2.x moved the metrics to mx.gluon.metric and renamed Estimator's context=.
+    metric = mx.gluon.metric if _common.mxnet_2() else mx.metric
     est = Estimator(
         net=net,
         loss=gluon.loss.SoftmaxCrossEntropyLoss(),
-        train_metrics=mx.metric.Accuracy(),
-        val_metrics=mx.metric.Accuracy(),
+        train_metrics=metric.Accuracy(),
+        val_metrics=metric.Accuracy(),
         trainer=trainer,
-        context=mx.cpu(),
+        **{"device" if _common.mxnet_2() else "context": mx.cpu()},
     )
     history = []
 

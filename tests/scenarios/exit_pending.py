@@ -48,7 +48,7 @@ def train(loader, sc, what):
     net.initialize(mx.init.Xavier())
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    total = mx.nd.zeros(1)
+    total = _common.array(np.zeros(1, "float32"))  # the default array type, as the batches
     for _ in range(EPOCHS):
         for data, label in loader:
             with autograd.record():

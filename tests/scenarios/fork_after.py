@@ -46,7 +46,7 @@ def epoch(net, trainer, loader):
 
 
 def mean(losses):
-    return float(sum(losses).asscalar()) / len(losses)
+    return _common.scalar(sum(losses)) / len(losses)
 
 
 def main() -> None:
@@ -79,7 +79,7 @@ def main() -> None:
         want = [[val_ds.images[i : i + 16], val_ds.labels[i : i + 16]] for i in range(0, 40, 16)]
         _common.same_batches(got, want, "Gluon's batches after training")
         correct = sum(
-            int((net(mx_array(d)).argmax(axis=1) == mx_array(t)).sum().asscalar()) for d, t in got
+            int((net(mx_array(d)).argmax(axis=1) == mx_array(t)).asnumpy().sum()) for d, t in got
         )
         sc.phase(f"Gluon DataLoader: {len(got)} batches, {correct}/40 correct")
         del gluon_loader
@@ -108,9 +108,7 @@ def main() -> None:
 
 
 def mx_array(a):
-    import mxnet as mx
-
-    return mx.nd.array(a)
+    return _common.array(a)
 
 
 if __name__ == "__main__":

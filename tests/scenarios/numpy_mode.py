@@ -36,7 +36,7 @@ def train(loader, place, ctx, what):
     from mxnet import autograd, gluon
 
     net = gluon.nn.Dense(1, in_units=5)
-    net.initialize(mx.init.Constant(0.1), ctx=ctx)
+    net.initialize(mx.init.Constant(0.1), ctx)  # positional: 2.x calls it device
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
     loss_fn = gluon.loss.L2Loss()
     losses, batches = [], []
@@ -47,11 +47,9 @@ def train(loader, place, ctx, what):
                 f"{what}: batch {b} {name} is {type(arr).__module__}.{type(arr).__name__}, "
                 f"not mx.np.ndarray (Gluon's loader gives mx.np.ndarray in numpy mode)",
             )
-            check(
-                arr.ctx == place,
-                f"{what}: batch {b} {name} is on {arr.ctx}, expected {place}",
-            )
-        x, y = x.as_in_context(ctx), y.as_in_context(ctx)
+            where = _common.device_of(arr)
+            check(where == place, f"{what}: batch {b} {name} is on {where}, expected {place}")
+        x, y = _common.to_device(x, ctx), _common.to_device(y, ctx)
         with autograd.record():
             loss = loss_fn(net(x), y)
         loss.backward()
@@ -97,7 +95,8 @@ def main() -> None:
             if gluon_extra:
                 gluon_place = mx.cpu_pinned(0)
             else:
-                gluon_place = mx.cpu(0) if args.workers == "inline" else mx.Context("cpu_shared", 0)
+                shared = type(mx.cpu())("cpu_shared", 0)  # mx.Context in 1.x, mx.Device in 2.x
+                gluon_place = mx.cpu(0) if args.workers == "inline" else shared
             theirs = train(gluon_loader, gluon_place, net_ctx, f"Gluon {label}")
             del gluon_loader
             sc.phase(f"{label}: shardloader")

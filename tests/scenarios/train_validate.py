@@ -39,7 +39,7 @@ def train_epoch(net, trainer, loss_fn, loader, sc, label):
         trainer.step(data.shape[0])
         losses.append(loss.mean())  # read at the end of the program
         if i % LOG_INTERVAL == 0:
-            sc.phase(f"{label}: batch {i}: loss {losses[-1].asscalar():.4f}")
+            sc.phase(f"{label}: batch {i}: loss {_common.scalar(losses[-1]):.4f}")
     return losses
 
 
@@ -47,8 +47,8 @@ def validate(net, loss_fn, loader, keep_batches):
     total, correct, seen = 0.0, 0, 0
     for data, target in loader:
         output = net(data)
-        total += float(loss_fn(output, target).sum().asscalar())
-        correct += int((output.argmax(axis=1) == target).sum().asscalar())
+        total += _common.scalar(loss_fn(output, target).sum())
+        correct += int((output.argmax(axis=1) == target).asnumpy().sum())
         seen += data.shape[0]
         if keep_batches is not None:
             keep_batches.append([data.asnumpy(), target.asnumpy()])
@@ -86,7 +86,7 @@ def run(loader_cls, kwargs, sc, label):
     mx.nd.waitall()
     params = _common.params_numpy(net)
     del train_loader, val_loader
-    return [float(v.asscalar()) for v in train_losses], val_results, val_batches, params
+    return [_common.scalar(v) for v in train_losses], val_results, val_batches, params
 
 
 def main() -> None:

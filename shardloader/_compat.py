@@ -1,0 +1,85 @@
+"""What differs between MXNet 1.x and 2.x, in one place.
+
+shardloader runs on MXNet 1.9.1 and 2.0.0b1 from one code base. Every place where the two
+versions spell something differently goes through a name defined here, so the rest of the
+package never tests the version itself:
+
+=================================  ==========================  ===========================
+what                               MXNet 1.x                   MXNet 2.x
+=================================  ==========================  ===========================
+the class of ``mx.cpu(0)``         ``mx.context.Context``      ``mx.device.Device``
+                                                               (``mx.Context`` is a function)
+where an array lives               ``array.context``           ``array.device``
+copy an array to a device          ``as_in_context``           ``to_device`` (``mx.np``),
+                                                               ``as_in_context`` (``mx.nd``)
+the placement argument's name      ``ctx``                     ``device``
+DLPack import with a kept handle   ``MXNDArrayFromDLPackEx``   ``MXNDArrayFromDLPack``
+Gluon DataLoader's 14th argument   ``auto_reload``             ``try_nopython``
+=================================  ==========================  ===========================
+
+This module sits below everything else: it imports MXNet and nothing of ours.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Tuple
+
+import mxnet as mx
+
+__all__ = [
+    "MX_VERSION",
+    "MX2",
+    "DEVICE_ARG",
+    "DeviceType",
+    "is_device",
+    "device_of",
+    "to_device",
+    "dlpack_importer",
+]
+
+MX_VERSION: Tuple[int, int] = tuple(int(n) for n in re.findall(r"\d+", mx.__version__)[:2])  # type: ignore[assignment]
+MX2: bool = MX_VERSION >= (2, 0)
+"""Whether the MXNet in use is a 2.x release (numpy semantics on by default, devices)."""
+
+DEVICE_ARG = "device" if MX2 else "ctx"
+"""What this MXNet calls the argument that names where arrays go, for messages."""
+
+if MX2:
+    from mxnet.device import Device as DeviceType
+else:
+    from mxnet.context import Context as DeviceType
+
+
+def is_device(value: Any) -> bool:
+    """Whether ``value`` names a device, such as ``mx.cpu(0)`` or ``mx.gpu(1)``."""
+    return isinstance(value, DeviceType)
+
+
+def device_of(array: Any) -> Any:
+    """The device an MXNet array lives on (``array.device`` in 2.x, where
+    ``mx.np.ndarray.context`` is deprecated; ``array.context`` in 1.x)."""
+    return array.device if MX2 else array.context
+
+
+def to_device(array: Any, device: Any) -> Any:
+    """``array`` copied to ``device`` (the array itself if it is there already), with the
+    method this MXNet offers for the array's type: 2.x's ``mx.np.ndarray`` has
+    ``to_device`` and warns on ``as_in_context``; legacy ``mx.nd.NDArray`` has only
+    ``as_in_context`` in both versions."""
+    if MX2 and isinstance(array, mx.np.ndarray):
+        return array.to_device(device)
+    return array.as_in_context(device)
+
+
+def dlpack_importer(lib: Any) -> Any:
+    """MXNet's C entry point that wraps a ``DLManagedTensor`` as an array and keeps the
+    tensor's address for its deleter: ``(tensor, transient_handle, out)``.
+
+    MXNet 1.9.1 calls it ``MXNDArrayFromDLPackEx`` (its ``MXNDArrayFromDLPack`` has no
+    transient flag); 2.x calls it ``MXNDArrayFromDLPack``, with the same three arguments and
+    the same meaning of ``transient_handle=False``: MXNet neither copies nor frees the
+    struct, and calls its deleter with the struct's own address when the array is released.
+    """
+    entry = getattr(lib, "MXNDArrayFromDLPackEx", None)
+    return entry if entry is not None else lib.MXNDArrayFromDLPack
