@@ -1064,9 +1064,9 @@ def gluon_equivalent(fn: typing.Any) -> typing.Any:
     if mx is None:
         return fn
     loader = sys.modules.get("mxnet.gluon.data.dataloader")
-    if loader is not None and fn in (
-        getattr(loader, "default_batchify_fn", None),
-        getattr(loader, "default_mp_batchify_fn", None),
+    if loader is not None and any(
+        fn is getattr(loader, name, None)
+        for name in ("default_batchify_fn", "default_mp_batchify_fn")
     ):
         return default_batchify_fn
     gluon = sys.modules.get("mxnet.gluon.data.batchify")
