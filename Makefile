@@ -11,7 +11,7 @@ SRC    := $(wildcard shardloader tests benchmarks examples)
 # (constraints.txt with only the mxnet line changed), with the `test-core` extra: gluoncv and
 # gluon-nlp, in `test`, do not import under mxnet 2.
 #   make test-mx2        the whole suite under 2.0.0b1, no ruff (ARGS=... passes pytest options,
-#                        e.g. ARGS=tests/test_loader.py); about 17 minutes on 2 cores
+#                        e.g. ARGS=tests/test_loader.py); about 11 minutes on 2 cores
 #   make test-mx2-smoke  what CI runs: the tests marked @pytest.mark.mx2_smoke (those of
 #                        tests/test_mx2_smoke.py: loader against Gluon's batches, default
 #                        array type and batchify, thread, fork and spawn workers, a worker's
