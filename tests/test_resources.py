@@ -18,7 +18,7 @@ from _programs import (
     odd_arrays_batchify,
     sparse_batchify,
 )
-from conftest import ARRAY_TYPE, MX2
+from conftest import ARRAY_TYPE, MX2, shmem_kb
 from mxnet import gluon
 
 from shardloader import ClosedIteratorError, DataLoader
@@ -70,29 +70,21 @@ def test_a_slot_above_the_bound_is_returned_not_kept(no_leaks, monkeypatch):
     """Large slots are used once: after release neither side keeps the memory."""
     monkeypatch.setattr(shm, "MAX_KEPT_SLOT_BYTES", 1 << 20)
     data = np.ones((8, 1 << 18), dtype=np.float32)  # 1 MiB a sample, 4 MiB a batch
-    before = _shmem_kb()
+    before = shmem_kb()
     with DataLoader(data, batch_size=4, num_workers=1, prefetch=1) as loader:
         it = iter(loader)
         batch = next(it)
         mx.nd.waitall()
-        held = _shmem_kb() - before
+        held = shmem_kb() - before
         del batch
         for batch in it:
             del batch
         deadline = time.monotonic() + 5
-        while _shmem_kb() - before > 1024 and time.monotonic() < deadline:
+        while shmem_kb() - before > 1024 and time.monotonic() < deadline:
             time.sleep(0.05)
-        left = _shmem_kb() - before
+        left = shmem_kb() - before
     assert held >= 3072  # the batch's 4 MiB slot (Shmem is system-wide: some slack)
     assert left <= 1024, f"{left} kB of shared memory kept after every batch was released"
-
-
-def _shmem_kb() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1])
-    return 0
 
 
 @pytest.mark.timeout(60)
