@@ -26,7 +26,7 @@ PIP2   := $(BIN2)/python -m pip --disable-pip-version-check -qq
 STAMP2 := $(VENV2)/.stamp-$(shell cat pyproject.toml constraints-mx2.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
-.PHONY: test demo bench docs lint format clean test-mx2 test-mx2-smoke
+.PHONY: test demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,9 +58,16 @@ test-mx2-smoke: $(STAMP2)
 demo: $(STAMP)
 	$(BIN)/python -m shardloader demo
 
+# The benchmarks (docs/benchmarks.md), ~10 minutes: ARGS=--publish rewrites the docs' tables,
+# ARGS="--quick --workloads W5" a smoke run. bench-mx2 runs them under MXNet 2.0.0b1, against
+# its own DataLoader, with and without try_nopython=True; its table is a section of its own.
 bench: $(STAMP)
 	$(PIP) install -c constraints.txt -e '.[bench]'
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run $(ARGS)
+
+bench-mx2: $(STAMP2)
+	$(PIP2) install -c constraints-mx2.txt -e '.[bench]'
+	$(BIN2)/python -m benchmarks.run $(ARGS)
 
 # The docs site: mkdocs with the Material theme and mkdocstrings, built into site/.
 # --strict turns every warning (a broken link, a page missing from the nav, a docstring

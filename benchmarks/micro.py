@@ -14,6 +14,9 @@ one batch by
 - ``gluon_mp``: Gluon's ``default_mp_batchify_fn`` (``nd.stack`` into a new ``cpu_shared``
   array), what Gluon's worker processes run.
 
+Under MXNet 2.x the samples are ``mx.np`` arrays and Gluon's two are its defaults there,
+``batchify.Stack()`` and ``batchify.Stack(use_shared_mem=True)``.
+
 The methods are interleaved, one call each per round, and every call is timed until its
 result is readable; the report shows the median per call.
 """
@@ -46,13 +49,24 @@ def stacking(
         ``median_s``, ``min_s`` and every call's seconds (``times``).
     """
     import mxnet as mx
-    from mxnet.gluon.data import dataloader as gluon_dataloader
 
     from shardloader import _alloc
     from shardloader.batchify import default_batchify_fn
 
+    from .workloads import mxnet_2
+
+    if mxnet_2():  # the arrays 2.x's transforms make, and 2.x's DataLoader defaults
+        from mxnet.gluon.data.batchify import Stack
+
+        make, gluon_fn, gluon_mp_fn = mx.np.array, Stack(), Stack(use_shared_mem=True)
+    else:
+        from mxnet.gluon.data import dataloader as gluon_dataloader
+
+        make = mx.nd.array
+        gluon_fn = gluon_dataloader.default_batchify_fn
+        gluon_mp_fn = gluon_dataloader.default_mp_batchify_fn
     rng = np.random.default_rng(0)
-    arrays = [mx.nd.array(rng.standard_normal(shape, dtype=np.float32)) for _ in range(samples)]
+    arrays = [make(rng.standard_normal(shape, dtype=np.float32)) for _ in range(samples)]
     mx.nd.waitall()
     per_sample = int(np.prod(shape)) * 4
     nbytes = samples * per_sample
@@ -75,10 +89,10 @@ def stacking(
             raise RuntimeError("shardloader's batchify did not stack into the given buffer")
 
     def gluon() -> None:
-        gluon_dataloader.default_batchify_fn(arrays).wait_to_read()
+        gluon_fn(arrays).wait_to_read()
 
     def gluon_mp() -> None:
-        gluon_dataloader.default_mp_batchify_fn(arrays).wait_to_read()
+        gluon_mp_fn(arrays).wait_to_read()
 
     methods: Dict[str, Callable[[], None]] = {
         "memcpy": memcpy,

@@ -29,6 +29,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .workloads import CPP_LOADERS, LOADERS
+
 __all__ = [
     "Cell",
     "Target",
@@ -40,8 +42,13 @@ __all__ = [
     "publish",
 ]
 
-_DOC_START = "<!-- results:start (written by python -m benchmarks.run --publish) -->"
-_DOC_END = "<!-- results:end -->"
+
+def _markers(section: str) -> Tuple[str, str]:
+    """The comments that delimit ``section`` ("results", "results-mx2") in the docs page."""
+    return (
+        f"<!-- {section}:start (written by python -m benchmarks.run --publish) -->",
+        f"<!-- {section}:end -->",
+    )
 
 
 @dataclass(frozen=True)
@@ -211,6 +218,10 @@ COMPARISONS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str]], ...] = (
     ("W5 ours inline / ImageRecordIter", (W5_INLINE, "ours"), (W5_PROCESS, RECORDITER)),
     ("W5 ours thread / ours process", (W5_THREAD, "ours"), (W5_PROCESS, "ours")),
     ("W5 gluon thread / gluon process", (W5_THREAD, "gluon"), (W5_PROCESS, "gluon")),
+    # MXNet 2.x, try_nopython=True: Gluon's C++ pipeline, run by either loader.
+    ("W5 ours-cpp / gluon-cpp", (W5_PROCESS, "ours-cpp"), (W5_PROCESS, "gluon-cpp")),
+    ("W5 ours-cpp / ImageRecordIter", (W5_PROCESS, "ours-cpp"), (W5_PROCESS, RECORDITER)),
+    ("W5 gluon-cpp / ImageRecordIter", (W5_PROCESS, "gluon-cpp"), (W5_PROCESS, RECORDITER)),
 )
 
 
@@ -367,6 +378,14 @@ def check_targets(
 
 
 # ---------------------------------------------------------------------------- output
+def _one_line(error: str, limit: int = 160) -> str:
+    """An error for a table cell: its last non-empty line (an MXNetError carries its C++
+    traceback above it), without ``|``, at most ``limit`` characters."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    text = (lines[-1] if lines else error).replace("|", "/")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _fmt(value: Optional[float], digits: int = 0, scale: float = 1.0) -> str:
     if value is None:
         return "-"
@@ -451,7 +470,7 @@ def markdown(
             ratio = entry["ratios"].get(loader)
             ratio_s = f"{ratio['median']:.2f}x" if ratio and ratio["median"] else ""
             if m["reps"] == 0:
-                err = (m["errors"] or ["no runs"])[0]
+                err = _one_line((m["errors"] or ["no runs"])[0])
                 lines.append(f"| {cell.key} | {loader} | 0 | error: {err} |" + " |" * 10)
                 continue
             lines.append(
@@ -468,7 +487,7 @@ def markdown(
         for loader, m in entry["loaders"].items()
         if m.get("leftover_runs")
     ] + [
-        f"{key} {loader}: {len(m['errors'])} failed run(s): {m['errors'][0]}"
+        f"{key} {loader}: {len(m['errors'])} failed run(s): {_one_line(m['errors'][0])}"
         for key, entry in summary.items()
         for loader, m in entry["loaders"].items()
         if m.get("errors")
@@ -512,6 +531,8 @@ def markdown(
 
 _W5_ROWS = (
     (W5_PROCESS, RECORDITER, "ImageRecordIter", "C++, preprocess_threads=2"),
+    (W5_PROCESS, "gluon-cpp", "gluon, try_nopython=True", "C++, 2 threads"),
+    (W5_PROCESS, "ours-cpp", "ours, try_nopython=True", "C++, 2 threads"),
     (W5_PROCESS, "gluon", "gluon", "process"),
     (W5_PROCESS, "ours", "ours", "process"),
     (W5_PROCESS, "torch", "torch", "process"),
@@ -542,6 +563,8 @@ def _w5_lines(
         (W5_PROCESS, "gluon"): compared.get("W5 gluon process / ImageRecordIter"),
         (W5_THREAD, "ours"): compared.get("W5 ours thread / ImageRecordIter"),
         (W5_INLINE, "ours"): compared.get("W5 ours inline / ImageRecordIter"),
+        (W5_PROCESS, "ours-cpp"): compared.get("W5 ours-cpp / ImageRecordIter"),
+        (W5_PROCESS, "gluon-cpp"): compared.get("W5 gluon-cpp / ImageRecordIter"),
     }
     per_image = "not measured"
     if probe:
@@ -567,12 +590,18 @@ def _w5_lines(
             continue
         m = entry["loaders"][loader]
         if not m["reps"]:
-            err = (m["errors"] or ["no runs"])[0]
+            err = _one_line((m["errors"] or ["no runs"])[0])
             lines.append(f"| {label} | {mode} | failed: {err} | | | | |")
             continue
         nw = entry["cell"]["num_workers"]
-        ideal = None if loader == RECORDITER else w5_ideal(extras, nw)
-        vs_gluon = entry["ratios"].get(loader) if loader not in ("gluon", RECORDITER) else None
+        native = loader == RECORDITER or loader in CPP_LOADERS
+        ideal = None if native else w5_ideal(extras, nw)
+        if loader == "ours-cpp":  # against Gluon's loader with the same switch
+            vs_gluon = compared.get("W5 ours-cpp / gluon-cpp")
+        elif loader in ("gluon", "gluon-cpp", RECORDITER):
+            vs_gluon = None
+        else:
+            vs_gluon = entry["ratios"].get(loader)
         lines.append(
             f"| {label} | {mode} | {_fmt(m['samples_per_s'])} "
             f"| {_fmt_ratio(recorditer.get((key, loader)))} | {_fmt_ratio(vs_gluon)} "
@@ -748,25 +777,28 @@ def load_results(path: str) -> Tuple[List[Cell], List[Dict[str, Any]], Dict[str,
     cells = []
     for c in saved["cells"]:
         cell = Cell(*(c[k] for k in fields))
-        order = [x for x in ("gluon", "ours", "torch") if x in loaders.get(cell.key, [])]
+        order = [x for x in LOADERS if x in loaders.get(cell.key, [])]
         cells.append(Cell(*(c[k] for k in fields), tuple(order) or cell.loaders))
     meta = dict(saved["meta"], extras=saved.get("extras", []))
     return cells, saved["runs"], saved["machine"], meta
 
 
-def publish(md: str, png: Optional[str], doc_path: str, img_path: str) -> None:
-    """Put the results table between the markers of ``doc_path`` and copy the plot."""
-    block = f"{_DOC_START}\n\n{md}\n{_DOC_END}"
+def publish(
+    md: str, png: Optional[str], doc_path: str, img_path: str, section: str = "results"
+) -> None:
+    """Put the results table between the markers of ``section`` in ``doc_path`` (appended
+    if missing) and copy the plot."""
+    begin, finish = _markers(section)
+    block = f"{begin}\n\n{md}\n{finish}"
+    text = "# Benchmarks\n"
     if os.path.exists(doc_path):
         with open(doc_path) as f:
             text = f.read()
-    else:
-        text = f"# Benchmarks\n\n{_DOC_START}\n{_DOC_END}\n"
-    start, end = text.find(_DOC_START), text.find(_DOC_END)
+    start, end = text.find(begin), text.find(finish)
     if start < 0 or end < start:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     else:
-        text = text[:start] + block + text[end + len(_DOC_END) :]
+        text = text[:start] + block + text[end + len(finish) :]
     with open(doc_path, "w") as f:
         f.write(text)
     if png is not None:

@@ -37,13 +37,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import report
 from .harness import run_isolated
 from .report import Cell
-from .workloads import WORKLOADS, calibrate_cpu_work, torch_available
+from .workloads import CPP_LOADERS, WORKLOADS, calibrate_cpu_work, mxnet_2, torch_available
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-_RESULTS_DIR = os.path.join(_HERE, "results")
 _DOC = os.path.join(_ROOT, "docs", "benchmarks.md")
-_DOC_IMG = os.path.join(_ROOT, "docs", "img", "throughput.png")
+# Per MXNet generation: the results directory, the section of docs/benchmarks.md and the plot.
+# Under MXNet 2.x (make bench-mx2) the run has its own table, beside 1.9.1's.
+_OUTPUTS = {
+    False: (os.path.join(_HERE, "results"), "results", "throughput.png"),
+    True: (os.path.join(_HERE, "results-mx2"), "results-mx2", "throughput-mx2.png"),
+}
 
 _HEADLINE_REPS = 5
 _REPS = 3
@@ -59,14 +63,20 @@ _STACK_ROUNDS = (25, 5)
 
 
 def build_plan(
-    workloads: Sequence[str], reps: Optional[int], headline_reps: int, with_torch: bool
+    workloads: Sequence[str],
+    reps: Optional[int],
+    headline_reps: int,
+    with_torch: bool,
+    mx2: bool = False,
 ) -> List[Cell]:
     """The cells to measure. ``num_workers=2`` with process workers is the headline.
 
     W1-W4 run with and without ``pin_memory`` and (W1-W3) with thread workers; W1 and W2
     sweep ``num_workers``. W5 runs inline, with process workers (where ImageRecordIter, with
     ``preprocess_threads=2``, joins the two loaders) and with thread workers. W6 runs inline
-    and with process workers. ``STACK`` is not a cell (see :func:`build_tasks`).
+    and with process workers. Under MXNet 2.x (``mx2``), W5's headline cell also runs both
+    loaders with ``try_nopython=True`` (``gluon-cpp``, ``ours-cpp``). ``STACK`` is not a
+    cell (see :func:`build_tasks`).
     """
     cells: List[Cell] = []
 
@@ -75,7 +85,7 @@ def build_plan(
         n = reps if reps is not None else (headline_reps if headline else _REPS)
         loaders: Tuple[str, ...] = ("gluon", "ours")
         if workload == "W5" and headline:
-            loaders += ("recorditer",)
+            loaders += ("recorditer",) + (CPP_LOADERS if mx2 else ())
         if with_torch and workload != "W4" and not pin and not thread and nw > 0:
             loaders += ("torch",)
         cells.append(Cell(workload, nw, pin, thread, n, loaders))
@@ -304,7 +314,11 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         default=_RUN_TIMEOUT_S,
         help="a run taking longer is killed and reported (default %(default)s)",
     )
-    parser.add_argument("--out", default=_RESULTS_DIR, help="results directory")
+    parser.add_argument(
+        "--out",
+        default=_OUTPUTS[mxnet_2()][0],
+        help="results directory (default benchmarks/results, or results-mx2 under MXNet 2.x)",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip torch even if installed")
     parser.add_argument(
         "--from-json",
@@ -335,8 +349,13 @@ def _finish(args: argparse.Namespace, cells, runs, machine, meta) -> int:
         if path:
             print(f"wrote {os.path.relpath(path, _ROOT)}")
     if args.publish:
-        report.publish(out["markdown"], out["paths"]["png"], _DOC, _DOC_IMG)
-        print(f"published to {os.path.relpath(_DOC, _ROOT)} and {os.path.relpath(_DOC_IMG, _ROOT)}")
+        _, section, image = _OUTPUTS[str(machine.get("mxnet") or "1").startswith("2")]
+        img_path = os.path.join(_ROOT, "docs", "img", image)
+        report.publish(out["markdown"], out["paths"]["png"], _DOC, img_path, section)
+        print(
+            f"published to {os.path.relpath(_DOC, _ROOT)} ({section}) and "
+            f"{os.path.relpath(img_path, _ROOT)}"
+        )
     missed = [t.name for t in out["targets"] if t.status == "MISS"]
     print(
         f"total {meta['total_s']:.0f} s; targets: "
@@ -359,7 +378,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fingerprint = source_fingerprint()
     with_torch = not args.no_torch and torch_available()
     reps = 1 if args.quick and args.reps is None else args.reps
-    cells = build_plan(args.workloads, reps, _HEADLINE_REPS, with_torch)
+    cells = build_plan(args.workloads, reps, _HEADLINE_REPS, with_torch, mxnet_2())
     case_extra: Dict[str, Dict[str, Any]] = {}
     loader_workloads = [w for w in args.workloads if w in WORKLOADS]
     if args.quick:

@@ -16,12 +16,14 @@ W4 shard  W2 as 2 shards of 32 on two contexts                2x32   sharding + 
 W5 jpeg   2,048 JPEGs 320x256 in an indexed .rec, Gluon's     64     the image pipeline
           ImageRecordDataset + RandomResizedCrop(224), flip,         users run most, also
           ToTensor, Normalize; shuffled                              against ImageRecordIter
-W6 nd     W2 with mx.nd.NDArray samples (uint8 3x224x224)     64     stacking NDArrays
+W6 nd     W2 with MXNet array samples (uint8 3x224x224;    64     stacking NDArrays
+          mx.nd, or mx.np under MXNet 2.x)
 ========  ==================================================  =====  ====================
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import time
@@ -43,11 +45,17 @@ __all__ = [
     "cpu_work_seconds",
     "jpeg_dataset",
     "jpeg_per_sample",
+    "mxnet_2",
     "torch_available",
     "write_jpeg_records",
 ]
 
-LOADERS = ("gluon", "ours", "torch", "recorditer")
+LOADERS = ("gluon", "ours", "torch", "recorditer", "gluon-cpp", "ours-cpp")
+# MXNet 2.x only: the two loaders with ``try_nopython=True``, on W5 with its transforms in a
+# ``HybridCompose`` (Gluon 2.x's C++ pipeline takes only hybridizable transforms, and
+# ``Compose`` is a plain ``Sequential``). Where Gluon runs its C++ pipeline, so does
+# shardloader (docs/switching.md, "try_nopython").
+CPP_LOADERS = ("gluon-cpp", "ours-cpp")
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,7 @@ WORKLOADS: Dict[str, WorkloadSpec] = {
         "decode + augment in the workers, against mx.io.ImageRecordIter",
     ),
     "W6": WorkloadSpec(
-        "nd: W2 with mx.nd.NDArray samples",
+        "nd: W2 with MXNet array samples (mx.nd; mx.np under MXNet 2.x)",
         64,
         2_048,
         512,
@@ -128,8 +136,10 @@ class Case:
             raise ValueError(f"W3 needs work_passes >= 1 (calibrate it), got {self.work_passes}")
         if self.workload == "W5" and not self.rec_path:
             raise ValueError("W5 needs rec_path (see write_jpeg_records)")
-        if self.loader == "recorditer" and self.workload != "W5":
-            raise ValueError(f"recorditer reads only W5's records, not {self.workload}")
+        if self.loader in ("recorditer", *CPP_LOADERS) and self.workload != "W5":
+            raise ValueError(f"{self.loader} reads only W5's records, not {self.workload}")
+        if self.loader in CPP_LOADERS and not mxnet_2():
+            raise ValueError(f"{self.loader} (try_nopython=True) needs MXNet 2.x")
 
     @property
     def batch_size(self) -> int:
@@ -191,9 +201,11 @@ class ImageDataset:
 
 
 class NDImageDataset:
-    """W6: W2 with ``mx.nd.NDArray`` samples: each distinct image is made into an NDArray
-    once, here, and ``__getitem__`` returns it (as a dataset that decodes or augments with
-    MXNet hands NDArrays to the batchify function)."""
+    """W6: W2 with MXNet array samples: each distinct image is made into an array once, here,
+    and ``__getitem__`` returns it (as a dataset that decodes or augments with MXNet hands
+    MXNet arrays to the batchify function). The arrays are the installed MXNet's own:
+    ``mx.nd.NDArray`` under 1.x, ``mx.np.ndarray`` under 2.x, whose transforms make those
+    (and whose Gluon cannot batch legacy NDArrays: its ``Stack`` goes element by element)."""
 
     def __init__(
         self, n: int, pool: Optional[int] = None, shape: Tuple[int, ...] = (3, 224, 224)
@@ -201,7 +213,8 @@ class NDImageDataset:
         import mxnet as mx
 
         images = _image_pool(min(n, pool or n), shape)
-        self._pool = [mx.nd.array(image, dtype="uint8") for image in images]
+        make = mx.np.array if mxnet_2() else mx.nd.array
+        self._pool = [make(image, dtype="uint8") for image in images]
         del images
         mx.nd.waitall()
         self._n = n
@@ -326,20 +339,22 @@ def jpeg_records(folder: str, n: int) -> str:
     return rec_path
 
 
-def jpeg_transform(crop: int = JPEG_CROP) -> Any:
-    """W5's augmentation, in Gluon's own transforms."""
+def jpeg_transform(crop: int = JPEG_CROP, hybrid: bool = False) -> Any:
+    """W5's augmentation, in Gluon's own transforms; ``hybrid``: in MXNet 2.x's
+    ``HybridCompose``, which its C++ pipeline can run."""
     from mxnet.gluon.data.vision import transforms as T
 
-    return T.Compose(
+    compose = T.HybridCompose if hybrid else T.Compose
+    return compose(
         [T.RandomResizedCrop(crop), T.RandomFlipLeftRight(), T.ToTensor(), T.Normalize(MEAN, STD)]
     )
 
 
-def jpeg_dataset(rec_path: str, crop: int = JPEG_CROP) -> Any:
-    """W5's dataset, exactly as a Gluon user writes it."""
+def jpeg_dataset(rec_path: str, crop: int = JPEG_CROP, hybrid: bool = False) -> Any:
+    """W5's dataset, exactly as a Gluon user writes it (see :func:`jpeg_transform`)."""
     from mxnet.gluon.data.vision import ImageRecordDataset
 
-    return ImageRecordDataset(rec_path).transform_first(jpeg_transform(crop))
+    return ImageRecordDataset(rec_path).transform_first(jpeg_transform(crop, hybrid))
 
 
 def jpeg_per_sample(rec_path: str, count: int = 300, warmup: int = 10) -> Dict[str, Any]:
@@ -432,7 +447,7 @@ def make_dataset(case: Case) -> Any:
     if case.workload == "W5":
         if case.loader == "recorditer":
             return None  # reads the file itself
-        return jpeg_dataset(case.rec_path)
+        return jpeg_dataset(case.rec_path, hybrid=case.loader in CPP_LOADERS)
     if case.workload == "W6":
         return NDImageDataset(n)
     return CpuDataset(n, case.work_passes)
@@ -445,6 +460,10 @@ def _shard_contexts(pinned: bool) -> List[Any]:
     return [make(0), make(1)]
 
 
+def _nopython(case: Case) -> Dict[str, Any]:
+    return {"try_nopython": True} if case.loader in CPP_LOADERS else {}
+
+
 def _gluon(case: Case, dataset: Any) -> Any:
     from mxnet.gluon.data import DataLoader
 
@@ -455,6 +474,7 @@ def _gluon(case: Case, dataset: Any) -> Any:
         num_workers=case.num_workers,
         pin_memory=case.pin_memory,
         thread_pool=case.thread_pool,
+        **_nopython(case),
     )
 
 
@@ -466,6 +486,7 @@ def _ours(case: Case, dataset: Any) -> Any:
         "shuffle": case.workload == "W5",
         "num_workers": case.num_workers,
         "thread_pool": case.thread_pool,
+        **_nopython(case),
     }
     if case.workload == "W4":
         # ctx and pin_memory are exclusive in shardloader: pinning means pinned contexts.
@@ -518,7 +539,14 @@ def _recorditer(case: Case, dataset: Any) -> Any:
     return RecordIterLoader(case.rec_path, case.batch_size, max(1, case.num_workers))
 
 
-_FACTORIES = {"gluon": _gluon, "ours": _ours, "torch": _torch, "recorditer": _recorditer}
+_FACTORIES = {
+    "gluon": _gluon,
+    "ours": _ours,
+    "torch": _torch,
+    "recorditer": _recorditer,
+    "gluon-cpp": _gluon,
+    "ours-cpp": _ours,
+}
 
 
 def _gluon_split(pinned: bool) -> Callable[[Any], Any]:
@@ -532,6 +560,11 @@ def _gluon_split(pinned: bool) -> Callable[[Any], Any]:
         return list(zip(split_and_load(data, ctxs), split_and_load(label, ctxs)))
 
     return adapt
+
+
+def _device_of(x: Any) -> Any:
+    """An array's device: ``.device`` under MXNet 2.x, ``.context`` under 1.x."""
+    return x.device if mxnet_2() else x.context
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -555,9 +588,10 @@ def _checker(case: Case) -> Callable[[Any], None]:
                     f"{case.loader}: wrong first batch (shard {k}): labels "
                     f"{labels[:8].tolist()}..., expected {want[:8].tolist()}..."
                 )
-            if expected_ctx is not None and shard[0].context != expected_ctx[k]:
+            if expected_ctx is not None and _device_of(shard[0]) != expected_ctx[k]:
                 raise RuntimeError(
-                    f"{case.loader}: shard {k} is on {shard[0].context}, expected {expected_ctx[k]}"
+                    f"{case.loader}: shard {k} is on {_device_of(shard[0])}, "
+                    f"expected {expected_ctx[k]}"
                 )
 
     return check
@@ -596,7 +630,7 @@ def _import_loader(loader: str) -> None:
         import mxnet.gluon.data  # noqa: F401
         import mxnet.gluon.utils  # noqa: F401
 
-        if loader == "ours":
+        if loader in ("ours", "ours-cpp"):
             import shardloader  # noqa: F401
 
 
@@ -622,6 +656,14 @@ def build(case: Case) -> Prepared:
     # threads, ImageRecordIter included, gets a whole warm-up epoch first.
     warm = 0 if case.workload == "W5" and case.num_workers == 0 else 1
     return Prepared(factory, adapt, _checker(case), samples, warm)
+
+
+@functools.lru_cache(maxsize=None)
+def mxnet_2() -> bool:
+    """Whether the installed MXNet is 2.x (looked up, not imported)."""
+    from importlib.metadata import version
+
+    return int(version("mxnet").split(".")[0]) >= 2
 
 
 def torch_available() -> bool:
