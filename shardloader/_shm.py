@@ -7,8 +7,9 @@ Ownership protocol (docs/design.md, invariant 4: every segment has exactly one o
 * The worker stacks a batch straight into a free slot (through ``shardloader._alloc``)
   and sends only metadata: the slot id, and per array its offset, shape and dtype. The first
   time a slot travels, its file descriptor follows the message (``SCM_RIGHTS``); the main
-  process maps it and closes the descriptor. The worker keeps its descriptor and maps the
-  slot only while it fills it.
+  process maps it and closes the descriptor. The worker keeps its descriptor and its own
+  mapping: mapping a slot again for every batch (and unmapping it after) cost more than
+  filling it, about 1.5 ms for a 9.6 MB batch.
 * From then on the main process owns the slot's contents. It wraps the arrays as MXNet
   arrays without a copy (``_alloc.as_ndarray``). When MXNet has released the last of them
   and the user holds no numpy view either, a finalizer on the slot's buffer object queues
@@ -46,8 +47,11 @@ _MIN_SLOT_BYTES = 1 << 16
 # A released slot at least this large goes back to its worker at once, in a message of its
 # own, rather than with that worker's next task: it saves the worker mapping a new one.
 _EAGER_RELEASE_BYTES = 1 << 20
-# Free slots a worker keeps mapped for reuse; more are unmapped.
-_MAX_FREE_SLOTS = 2
+# Free slots a worker keeps for reuse; more are dropped. A worker's batches in use at once:
+# its share of the prefetch (2 by default), the one it makes, the one the loop holds and
+# one on its way back; with fewer kept, the ring makes (and the main process maps) a new
+# slot every few batches, which halved W2's throughput.
+_MAX_FREE_SLOTS = 4
 # A slot larger than this is not kept for reuse: the worker closes it once sent, and the main
 # process unmaps it when its batch is released, so a huge batch holds its memory once, not
 # once more in the ring (docs/failures.md, "Large batches"). Batches below it (an ImageNet
@@ -112,9 +116,8 @@ def _copy_ndarray_into(src, dst: np.ndarray) -> None:
 
 
 class _Slot:
-    """One memfd segment of a worker's ring. The worker maps it only while it fills it: once
-    the batch is sent, the main process's mapping is the one that matters, and unmapping here
-    keeps a worker's resident memory to the batch it is making (as with Gluon's workers)."""
+    """One memfd segment of a worker's ring, mapped in the worker from its creation until
+    the worker drops it (its pages count in the RSS of both processes, once in their PSS)."""
 
     __slots__ = ("id", "fd", "mm", "capacity", "buf", "addr", "top", "sent")
 
@@ -126,25 +129,20 @@ class _Slot:
         self.mm: Optional[mmap.mmap] = None
         self.top = 0
         self.sent = False
-        self.map()
+        # Its pages populated in one call rather than faulted in one by one.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        self.mm = mmap.mmap(self.fd, capacity, flags=flags)
+        self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+        self.addr = self.buf.ctypes.data
 
-    def map(self) -> None:
-        """Map the slot for writing, its pages populated in one call rather than faulted."""
-        if self.mm is None:
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self.mm = mmap.mmap(self.fd, self.capacity, flags=flags)
-            self.buf = np.frombuffer(self.mm, dtype=np.uint8)
-            self.addr = self.buf.ctypes.data
-
-    def unmap(self) -> None:
+    def _unmap(self) -> None:
         if self.mm is None:
             return
         self.buf = None
         try:
             self.mm.close()
         except BufferError:
-            # An array still points into it: stay mapped, and try again next time.
-            self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+            # An array still points into it: it stays mapped until the process exits.
             return
         self.mm = None
 
@@ -162,7 +160,7 @@ class _Slot:
         return self.buf[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def close(self) -> None:
-        self.unmap()
+        self._unmap()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -195,7 +193,6 @@ class SlotRing:
             sid = min(fits, key=lambda s: self._slots[s].capacity)
             self._free.remove(sid)
             slot = self._slots[sid]
-            slot.map()
         else:
             capacity = max(_MIN_SLOT_BYTES, int(need * _HEADROOM))
             capacity = (capacity + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
@@ -279,19 +276,15 @@ class SlotRing:
             slot.sent = True
         return skeleton, slot.id, fds
 
-    def unmap_sent(self, slot_id: int) -> None:
-        """The batch in this slot reached the main process: stop mapping it here. A slot
-        above ``MAX_KEPT_SLOT_BYTES`` is closed outright (the main process maps its own
-        copy of the descriptor), so its memory goes as soon as the main process unmaps it,
-        with no message back to this worker."""
+    def sent(self, slot_id: int) -> None:
+        """The batch in this slot reached the main process. A slot above
+        ``MAX_KEPT_SLOT_BYTES`` is closed outright (the main process maps its own copy of
+        the descriptor), so its memory goes as soon as the main process unmaps it, with no
+        message back to this worker; smaller slots stay mapped, for reuse."""
         slot = self._slots.get(slot_id)
-        if slot is None:
-            return
-        if slot.capacity > MAX_KEPT_SLOT_BYTES:
+        if slot is not None and slot.capacity > MAX_KEPT_SLOT_BYTES:
             self._slots.pop(slot_id).close()
             self.dropped.append(slot_id)
-        else:
-            slot.unmap()
 
     @staticmethod
     def _in_slot(slot: Optional[_Slot], arr: np.ndarray) -> bool:

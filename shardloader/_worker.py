@@ -463,7 +463,7 @@ def _send(conn, results, new_slots, dropped, ring, worker_id, batches) -> None:
         reduction.send_handle(conn, fd, os.getppid())
     for _, _, ok, _, slot_id, _ in heads:
         if ok and slot_id is not None:
-            ring.unmap_sent(slot_id)
+            ring.sent(slot_id)
 
 
 class _BatchPickler(pickle.Pickler):

@@ -53,7 +53,7 @@ def _ship(ring, table, batch, promoted=None, key=0):
     for sid, capacity, fd in fds:
         table.adopt(key, sid, os.dup(fd), capacity)
     if slot_id is not None:
-        ring.unmap_sent(slot_id)
+        ring.sent(slot_id)
     skeleton, slot_id = pickle.loads(message)
     table.received(key, slot_id)
     return table.materialize(key, slot_id, skeleton), message
