@@ -39,9 +39,12 @@ from __future__ import annotations
 import atexit
 import collections
 import ctypes
+import math
 import os
+import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Callable, Deque, Dict, Iterator, Optional, Tuple
 
@@ -52,13 +55,10 @@ Allocator = Callable[[Tuple[int, ...], np.dtype], np.ndarray]
 _state = threading.local()
 
 
-def _default_empty(shape, dtype) -> np.ndarray:
-    return np.empty(shape, dtype=dtype)
-
-
 def empty(shape, dtype) -> np.ndarray:
-    """An uninitialised, C-contiguous output buffer from the current allocator."""
-    alloc = getattr(_state, "alloc", None) or _default_empty
+    """An uninitialised, C-contiguous output buffer from the current allocator (by default
+    the host buffer pool, see ``_BufferPool``)."""
+    alloc = getattr(_state, "alloc", None) or _pool.take
     return alloc(tuple(int(s) for s in shape), np.dtype(dtype))
 
 
@@ -118,6 +118,71 @@ def allocating(
         yield
     finally:
         _state.alloc, _state.raw, _state.promoted = saved
+
+
+# ------------------------------------------------------------------ reusing host buffers
+
+
+class _BufferPool:
+    """Large batch buffers made outside a worker's slots (inline loading, thread workers),
+    used again once MXNet has released the array that wrapped them, as MXNet's own pooled
+    storage reuses the memory of ``nd.stack``.
+
+    A batch of 64 float32 images is 38.5 MB, above glibc's largest ``mmap`` threshold (32
+    MiB), so ``np.empty`` maps fresh pages for every such batch and the stacking then faults
+    every page in: W5 inline spent as long on that as on the copy. A buffer goes back to the
+    pool only when nothing but its lease referred to it: a batchify function that kept the
+    array, or a view of it, keeps it out of the pool for good (docs/design.md, invariant 10).
+    """
+
+    MIN_BYTES = 1 << 20  # smaller buffers come from malloc's own free lists
+    MAX_FREE = 4  # free buffers kept, all sizes together: two batches in use, two ahead
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._free: Deque[np.ndarray] = collections.deque()  # raw uint8 buffers, oldest first
+        self._lent: Dict[int, weakref.ref] = {}  # id -> the buffer, while a batch holds it
+
+    def take(self, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised C-contiguous array, a view of a pooled buffer if it is large."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes < self.MIN_BYTES:
+            return np.empty(shape, dtype=dtype)
+        raw = None
+        with self._lock:
+            for k, candidate in enumerate(self._free):
+                if candidate.nbytes == nbytes:
+                    raw = candidate
+                    del self._free[k]
+                    break
+        if raw is None:
+            raw = np.empty(nbytes, dtype=np.uint8)
+        key = id(raw)
+        with self._lock:
+            self._lent[key] = weakref.ref(raw, lambda _, key=key: self._lent.pop(key, None))
+        return raw.view(dtype).reshape(shape)  # its .base is raw: numpy keeps the owner
+
+    def give_back(self, array: np.ndarray) -> None:
+        """``array`` (a lease's buffer) is free of MXNet: pool its buffer if it came from
+        here and the caller's reference is the only one left."""
+        raw = array.base if array.base is not None else array
+        del array
+        ref = self._lent.get(id(raw))
+        # Referrers now: ``raw`` here, getrefcount's argument, and the caller's ``array``
+        # (a view of raw, or raw itself). Any more is someone else's view or reference.
+        if ref is None or ref() is not raw or sys.getrefcount(raw) > 3:
+            return
+        with self._lock:
+            self._lent.pop(id(raw), None)
+            self._free.append(raw)
+            while len(self._free) > self.MAX_FREE:
+                self._free.popleft()
+
+
+_pool = _BufferPool()
 
 
 # ------------------------------------------------------------------ wrapping without a copy
@@ -358,7 +423,10 @@ class _Registry:
                 else:
                     leases.rotate(-1)
         # Dropping the buffers may run finalizers (a slot goes home): outside the lock.
-        del released
+        while released:
+            array = released.pop().array
+            _pool.give_back(array)
+            del array
 
     def _reap_forever(self) -> None:
         idle_since = None
@@ -390,6 +458,7 @@ def _after_fork_in_child() -> None:
     leases = _registry._leases
     _registry._reset()
     _registry._leases = leases
+    _pool._reset()
 
 
 def _at_exit() -> None:

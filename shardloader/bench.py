@@ -552,6 +552,14 @@ def _report(rows: List[Dict], args: argparse.Namespace) -> None:
         print(f"Recommendation: num_workers={workers}, prefetch={prefetch}")
     for line in why:
         print(f"  {line}")
+    engine_threads = os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")
+    if (args.thread_pool or workers == 0) and engine_threads == "1":
+        print(
+            "  MXNet operators in your samples (image decoding, Gluon transforms) share one "
+            "MXNet engine thread in this process unless MXNET_CPU_WORKER_NTHREADS is set "
+            "before MXNet is imported: try MXNET_CPU_WORKER_NTHREADS="
+            f"{max(2, workers)} (docs/quickstart.md, 'Workers: processes or threads')."
+        )
 
 
 def run(args: argparse.Namespace) -> int:

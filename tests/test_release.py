@@ -322,3 +322,58 @@ def test_interrupts_are_not_ignored_in_the_parent(no_thread_leak):
         signal.signal(signal.SIGALRM, old)
     del arrays
     assert _settle(lambda: _alloc._registry.pending == 0)
+
+
+# ---------------------------------------------------------------- reusing host buffers
+# docs/design.md, invariant 10: a large inline batch's buffer is used again once MXNet has
+# released the batch, and never while anything still refers to it.
+_BIG = (64, 3, 48, 48)  # 1.8 MB of float32: above the pool's 1 MiB floor
+
+
+def _data_ptr(array) -> int:
+    return _alloc.host_view(array).__array_interface__["data"][0]
+
+
+def test_an_inline_batch_reuses_the_buffer_of_a_released_one(no_thread_leak):
+    from shardloader import DataLoader
+
+    X = np.random.default_rng(0).random((4 * _BIG[0],) + _BIG[1:], dtype=np.float32)
+    seen = []
+    with DataLoader(X, batch_size=_BIG[0]) as loader:
+        for k, batch in enumerate(loader):
+            np.testing.assert_array_equal(batch.asnumpy(), X[k * _BIG[0] : (k + 1) * _BIG[0]])
+            seen.append(_data_ptr(batch))
+            del batch
+            _settle(lambda: _alloc._registry.pending == 0)
+    assert len(set(seen)) < len(seen), f"no buffer was used twice: {seen}"
+
+
+def test_a_held_batch_is_never_overwritten(no_thread_leak):
+    from shardloader import DataLoader
+
+    X = np.random.default_rng(1).random((6 * _BIG[0],) + _BIG[1:], dtype=np.float32)
+    with DataLoader(X, batch_size=_BIG[0]) as loader:
+        held = [b for b in loader]  # every batch alive at once
+        assert len({_data_ptr(b) for b in held}) == len(held)
+        for k, batch in enumerate(held):
+            np.testing.assert_array_equal(batch.asnumpy(), X[k * _BIG[0] : (k + 1) * _BIG[0]])
+        del held, batch
+
+
+def test_a_buffer_that_is_still_referred_to_stays_out_of_the_pool():
+    pool = _alloc._BufferPool()
+    first = pool.take(_BIG, np.dtype(np.float32))
+    memo = first[:1]  # a batchify function's memo: a view of the buffer
+    pool.give_back(first)
+    assert not pool._free, "pooled while a view of it was alive"
+    del first
+    again = pool.take(_BIG, np.dtype(np.float32))
+    assert not np.shares_memory(again, memo)
+    raw_id = id(again.base)  # not a reference: one would keep it out of the pool
+    pool.give_back(again)
+    assert [id(b) for b in pool._free] == [raw_id]  # nothing else refers to it: pooled
+    small = pool.take((4,), np.dtype(np.float32))
+    assert small.base is None  # under the floor: plain np.empty
+    for _ in range(pool.MAX_FREE + 2):
+        pool.give_back(pool.take((pool.MIN_BYTES // 4 + len(pool._free),), np.dtype(np.float32)))
+    assert len(pool._free) <= pool.MAX_FREE
