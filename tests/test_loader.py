@@ -59,6 +59,11 @@ DATASETS = {
     # Gluon 1.x stacks list samples; 2.x's Stack splits them into fields, as tuples.
     "list-samples": lambda: SimpleDataset([[i, i * 0.5] for i in range(23)]),
     "python-numbers": lambda: SimpleDataset([float(i) / 3 for i in range(23)]),
+    # Binary formats (FITS, network byte order) hand out big-endian arrays: their batches
+    # are native, with the same values.
+    "big-endian": lambda: ArrayDataset(
+        np.arange(23 * 3, dtype=">f4").reshape(23, 3) / 7, np.arange(23, dtype=">i8")
+    ),
     "int-tuples": lambda: SimpleDataset([(i, i * 2) for i in range(23)]),
     "nested": lambda: SimpleDataset(
         [(np.ones(2, "float32") * i, (i, np.float64(i))) for i in range(23)]
