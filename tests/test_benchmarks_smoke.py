@@ -346,6 +346,9 @@ def test_report_evaluates_the_issue_13_targets(tmp_path):
         "stacking ours / memcpy (time)": (round(0.016 / 0.011, 3), "PASS"),
     }
     md = out["markdown"]
+    # Every target shows its spread over the rounds (one stacking task here: one round).
+    assert "| stacking ours / memcpy (time) | 1.45x (1.45-1.45) | <= 2x |" in md
+    assert "| W2 peak RSS, ours - gluon | +0 MB (+0 to +0) | <= 0 MB |" in md
     assert "| gluon | thread | failed: boom |" in md
     # ideal: 2 workers x 250 img/s; ours reached 150 (median of 200 and 100) of 500.
     assert "| ours | process | 150 | 0.50x | 1.33x | 500 | 0.30 |" in md
@@ -368,6 +371,28 @@ def test_run_reports_the_stacking_task_end_to_end(tmp_path, capsys):
         signal.signal(signal.SIGTERM, handler)
     out = capsys.readouterr().out
     assert "task stacking" in out and "**Stacking 64 NDArrays" in out
-    assert re.search(r"\| stacking ours / memcpy \(time\) \| [\d.]+x \| <= 2x \| issue 13 \|", out)
+    assert re.search(
+        r"\| stacking ours / memcpy \(time\) \| [\d.]+x \([\d.]+-[\d.]+\) \| <= 2x \| issue 13 \|",
+        out,
+    )
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["extras"][0]["task"] == "stacking" and saved["meta"]["quick"]
+
+
+def test_w3_fraction_of_ideal_is_paired_per_round():
+    """Made-up runs: the fraction of the ideal 2x comes from each round's own pair of runs,
+    with the spread over the rounds."""
+    cells = [report.Cell("W3", 0, reps=3), report.Cell("W3", 2, reps=3)]
+    runs = []
+    for r, (inline, two) in enumerate([(100, 190), (50, 90), (100, 196)]):
+        for loader in ("gluon", "ours"):
+            runs += [
+                _run("W3 inline nw=0", loader, r, inline),
+                _run("W3 process nw=2", loader, r, two),
+            ]
+    summary = report.summarise(cells, runs)
+    targets = report.check_targets(summary, report.comparisons(runs))
+    (w3,) = [t for t in targets if t.name.startswith("W3")]
+    assert w3.measured == pytest.approx(0.95) and w3.status == "PASS"
+    assert w3.spread == pytest.approx((0.9, 0.98))
+    assert report._fmt_target(w3) == ("0.950 (0.900-0.980)", ">= 0.95")
