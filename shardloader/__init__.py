@@ -1,9 +1,13 @@
 """shardloader: a Gluon-compatible, multi-worker, sharded DataLoader for Apache MXNet.
 
 >>> from shardloader import ShardedDataLoader   # also exported as shardloader.DataLoader
+
+Every public module is reachable from here: ``batchify``, ``sampler``, ``prefetch``,
+``dataiter``, ``recordio`` and ``distributed`` (``launch`` is the command line, run as
+``python -m shardloader.launch``); every public error is exported at the top level.
 """
 
-from . import batchify, sampler
+from . import batchify, dataiter, distributed, prefetch, recordio, sampler
 from ._errors import (
     ClosedIteratorError,
     LoaderTimeoutError,
@@ -13,6 +17,7 @@ from ._errors import (
 )
 from ._worker import WorkerInfo, get_worker_info
 from .loader import DataLoader, ShardedDataLoader
+from .recordio import RecordIOError
 
 __version__ = "0.1.0"
 
@@ -26,6 +31,11 @@ __all__ = [
     "WorkerDiedError",
     "LoaderTimeoutError",
     "ClosedIteratorError",
+    "RecordIOError",
     "batchify",
+    "dataiter",
+    "distributed",
+    "prefetch",
+    "recordio",
     "sampler",
 ]

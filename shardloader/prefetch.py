@@ -24,7 +24,7 @@ Ending
 Never blocking forever
     Every wait on the queue or on a slot lasts at most ``_POLL_INTERVAL_S`` and then re-checks
     the stop event (thread side) or whether the thread is still alive (consumer side). A
-    thread that died without a sentinel becomes a ``shardloader._errors.WorkerError``.
+    thread that died without a sentinel becomes a ``shardloader.WorkerError``.
 Shutdown
     ``close()``, the end of the data, and garbage collection all run ``_shutdown`` through one
     ``weakref.finalize``, so it runs at most once: set the stop event, wake the thread, drop
@@ -33,7 +33,7 @@ Shutdown
     semaphore and the source, never the iterator object, so an iterator that is dropped
     without ``close()`` is collected and its thread stops. Joins are skipped while the
     interpreter is finalizing. After ``close()``, ``next()`` raises
-    ``shardloader._errors.ClosedIteratorError``.
+    ``shardloader.ClosedIteratorError``.
 """
 
 from __future__ import annotations

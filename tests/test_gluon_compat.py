@@ -79,3 +79,15 @@ def test_estimator_fit_and_evaluate(no_leaks, workers):
         est.evaluate(val_data=val)
     accuracy = dict(m.get() for m in est.val_metrics)
     assert any(name.endswith("accuracy") for name in accuracy), accuracy
+
+
+def test_every_public_module_and_error_is_reachable_from_the_top_level():
+    """docs/api.md lists these as public: each is an attribute of the package, and every
+    public error derives from ShardLoaderError and is exported beside it."""
+    import shardloader
+
+    for name in ("batchify", "sampler", "prefetch", "dataiter", "recordio", "distributed"):
+        assert name in shardloader.__all__ and getattr(shardloader, name).__name__.endswith(name)
+    errors = [getattr(shardloader, n) for n in shardloader.__all__ if n.endswith("Error")]
+    assert shardloader.RecordIOError in errors and len(errors) == 6
+    assert all(issubclass(e, shardloader.ShardLoaderError) for e in errors)
