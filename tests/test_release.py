@@ -311,6 +311,20 @@ def test_interrupts_are_not_ignored_in_the_parent(no_thread_leak):
     from shardloader import _interrupts
 
     _interrupts.install()  # as every loader does
+    # An interrupt that cuts MXNet's own NDArray.__del__ short (it runs Python) leaves that
+    # array's handle unfreed, in MXNet, as in any MXNet program: its lease is never posted.
+    cut_short = []
+    hook = sys.unraisablehook
+
+    def spy(unraisable):
+        name = getattr(unraisable.object, "__qualname__", "")
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and name.endswith(
+            "NDArrayBase.__del__"
+        ):
+            cut_short.append(name)
+        hook(unraisable)
+
+    sys.unraisablehook = spy
     arrays = [_alloc.as_ndarray(np.ones(16, np.float32)) for _ in range(200)]
     old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
@@ -324,8 +338,9 @@ def test_interrupts_are_not_ignored_in_the_parent(no_thread_leak):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+        sys.unraisablehook = hook
     del arrays
-    assert _settle(lambda: _alloc._registry.pending == 0)
+    assert _settle(lambda: _alloc._registry.pending <= len(cut_short)), cut_short
 
 
 # ---------------------------------------------------------------- reusing host buffers
