@@ -8,6 +8,8 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
+from _backends import BACKENDS as ALL_BACKENDS
+from _backends import backends
 from _datasets import RangeDataset, ReverseSlowDataset, VarLenDataset
 from conftest import ARRAY_TYPE, ARRAYS, requires_mx1, where
 from mxnet.gluon.data import ArrayDataset, SimpleDataset
@@ -18,12 +20,8 @@ from shardloader.sampler import SequentialSampler
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaks")]
 
-BACKENDS = {
-    "inline": dict(num_workers=0),
-    "thread": dict(num_workers=2, thread_pool=True),
-    "fork": dict(num_workers=2, start_method="fork"),
-}
-SPAWN = dict(num_workers=2, start_method="spawn")
+BACKENDS = backends("inline", "thread", "fork")
+SPAWN = ALL_BACKENDS["spawn"]
 
 
 @pytest.fixture(params=list(BACKENDS))

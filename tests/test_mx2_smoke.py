@@ -26,6 +26,7 @@ import re
 import mxnet as mx
 import numpy as np
 import pytest
+from _backends import BACKENDS
 from _datasets import FailingDataset, RangeDataset
 from conftest import ARRAY_TYPE, GLUON_PYTHON, MX2, requires_mx1, requires_mx2, where
 from mxnet.gluon.data import ArrayDataset, SimpleDataset
@@ -39,13 +40,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Every test here is in the smoke run; each one that starts workers checks for leaks.
 pytestmark = [pytest.mark.mx2_smoke, pytest.mark.timeout(120)]
-
-BACKENDS = {
-    "inline": dict(num_workers=0),
-    "thread": dict(num_workers=2, thread_pool=True),
-    "fork": dict(num_workers=2, start_method="fork"),
-    "spawn": dict(num_workers=2, start_method="spawn"),
-}
 
 
 def described(batch):

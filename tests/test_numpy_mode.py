@@ -5,6 +5,7 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 import pytest
+from _backends import backends
 from conftest import GLUON_PYTHON, where
 from mxnet import autograd, gluon
 from mxnet.gluon.data import ArrayDataset
@@ -13,11 +14,7 @@ from shardloader import DataLoader
 from shardloader._alloc import numpy_flags, set_numpy_flags
 from shardloader.batchify import Pad, Stack, Tuple
 
-MODES = {
-    "inline": {},
-    "thread": {"num_workers": 2, "thread_pool": True},
-    "process": {"num_workers": 2},
-}
+MODES = backends("inline", "thread", "fork")
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mxnet as mx
 import numpy as np
 import pytest
+from _backends import BACKENDS, FixedSampler
 
 from shardloader import ShardedDataLoader
 from shardloader.recordio import (
@@ -45,19 +46,6 @@ def with_pid(image, label):
 
 def as_list(samples):
     return list(samples)
-
-
-class Order(mx.gluon.data.Sampler):
-    """A fixed sample order."""
-
-    def __init__(self, order) -> None:
-        self._order = [int(i) for i in order]
-
-    def __iter__(self):
-        return iter(self._order)
-
-    def __len__(self) -> int:
-        return len(self._order)
 
 
 def portable(sample):
@@ -143,12 +131,7 @@ def offsets_of(idx_path):
 
 # -- loaders ---------------------------------------------------------------------------------
 
-LOADER_MODES = {
-    "inline": dict(num_workers=0),
-    "threads": dict(num_workers=2, thread_pool=True),
-    "fork": dict(num_workers=2, start_method="fork"),
-    "spawn": dict(num_workers=2, start_method="spawn"),
-}
+LOADER_MODES = BACKENDS
 
 
 def read_batches(dataset, mode, **kwargs):
@@ -160,7 +143,7 @@ def read_batches(dataset, mode, **kwargs):
 def test_loader_reads_every_image_in_sampler_order(image_file, mode, no_leaks):
     order = np.random.default_rng(2).permutation(N_RECORDS)
     dataset = ImageRecordDataset(image_file.rec, transform=with_pid)
-    batches = read_batches(dataset, mode, batch_size=32, sampler=Order(order))
+    batches = read_batches(dataset, mode, batch_size=32, sampler=FixedSampler(order))
 
     assert len(batches) == 32  # 31 full batches and 8 samples kept
     images = np.concatenate([as_numpy(b[0]) for b in batches])
@@ -169,22 +152,24 @@ def test_loader_reads_every_image_in_sampler_order(image_file, mode, no_leaks):
     np.testing.assert_array_equal(images, image_file.images[order])
     np.testing.assert_array_equal(labels, image_file.labels[order].astype(np.float32))
     assert labels.dtype == np.float32
-    if mode in ("inline", "threads"):
+    if mode in ("inline", "thread"):
         assert pids == {os.getpid()}
     else:  # decoded in the worker processes, not in the parent
         assert os.getpid() not in pids and 1 <= len(pids) <= 2
 
 
-@pytest.mark.parametrize("mode", ["inline", "threads", "fork"])
+@pytest.mark.parametrize("mode", ["inline", "thread", "fork"])
 def test_loader_reads_every_raw_record_in_sampler_order(raw_file, mode, no_leaks):
     order = np.random.default_rng(3).permutation(N_RECORDS)
     dataset = RecordDataset(raw_file.rec)
-    batches = read_batches(dataset, mode, batch_size=50, sampler=Order(order), batchify_fn=as_list)
+    batches = read_batches(
+        dataset, mode, batch_size=50, sampler=FixedSampler(order), batchify_fn=as_list
+    )
     records = [record for batch in batches for record in batch]
     assert records == [raw_file.records[i] for i in order]
 
 
-@pytest.mark.parametrize("mode", ["inline", "threads", "fork"])
+@pytest.mark.parametrize("mode", ["inline", "thread", "fork"])
 def test_loader_reports_a_broken_record_by_file_and_index(image_file, tmp_path, mode, no_leaks):
     rec, _ = copy_pair(image_file, tmp_path)
     offsets = offsets_of(image_file.idx)
@@ -643,7 +628,7 @@ def test_gluon_record_datasets_read_right_under_four_threads(gluon_files, name, 
     with ShardedDataLoader(
         dataset,
         batch_size=4,
-        sampler=Order(order),
+        sampler=FixedSampler(order),
         batchify_fn=as_samples,
         num_workers=4,
         thread_pool=True,

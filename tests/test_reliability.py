@@ -15,6 +15,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+from _backends import backends
 from _datasets import ExitingDataset, FailingDataset, RangeDataset, SleepyDataset
 from conftest import without_mxnet_banner
 
@@ -29,12 +30,8 @@ from shardloader import (
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-POOLS = {
-    "thread": dict(num_workers=2, thread_pool=True),
-    "fork": dict(num_workers=2, start_method="fork"),
-    "spawn": dict(num_workers=2, start_method="spawn"),
-}
-QUICK_POOLS = {k: POOLS[k] for k in ("thread", "fork")}
+POOLS = backends("thread", "fork", "spawn")
+QUICK_POOLS = backends("thread", "fork")
 
 
 def labels(loader):

@@ -24,6 +24,7 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
+from _backends import FixedSampler
 from _datasets import FailingDataset, RangeDataset, VarLenDataset
 
 from shardloader import ShardedDataLoader, batchify
@@ -191,23 +192,10 @@ def spread_in_two(batches):
     return steps
 
 
-class ListBatchSampler:
-    """A user's batch sampler: any iterable of index lists with a length."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def __len__(self):
-        return len(self.batches)
-
-
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: ListBatchSampler([[0, 1], [2], [3, 4, 5], [6], [7, 8, 9]]),
+        lambda: FixedSampler([[0, 1], [2], [3, 4, 5], [6], [7, 8, 9]]),
         lambda: SortedBucketSampler(list(range(10)), batch_size=3),
         lambda: BatchSampler(RandomSampler(10, seed=1), 3, "keep"),
     ],

@@ -1,4 +1,5 @@
-"""The stages below the loader, tested without workers: reorder buffer and shm transport."""
+"""The shared-memory transport, tested without workers: a batch crosses as metadata, into
+reused slots, and a slot returns only when nothing uses it."""
 
 from __future__ import annotations
 
@@ -11,39 +12,9 @@ import numpy as np
 import pytest
 
 from shardloader import _alloc, batchify
-from shardloader._reorder import ReorderBuffer
 from shardloader._shm import ND, ArrayRef, SlotRing, SlotTable
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def test_reorder_buffer_releases_in_sequence_order():
-    buf = ReorderBuffer(start=5)
-    for seq in (7, 5, 9, 6, 8):
-        buf.put(seq, f"b{seq}")
-    out = []
-    while buf.ready():
-        out.append(buf.pop())
-    assert out == ["b5", "b6", "b7", "b8", "b9"]
-    assert len(buf) == 0 and buf.max_depth == 5
-
-
-def test_reorder_buffer_rejects_duplicates_and_stale_results():
-    buf = ReorderBuffer()
-    buf.put(0, "a")
-    with pytest.raises(KeyError, match="duplicate"):
-        buf.put(0, "again")
-    buf.pop()
-    with pytest.raises(KeyError):
-        buf.put(0, "late")
-
-
-def test_reorder_buffer_drain_returns_everything_held():
-    buf = ReorderBuffer()
-    buf.put(3, "d")
-    buf.put(1, "b")
-    assert list(buf.drain()) == [(1, "b"), (3, "d")]
-    assert len(buf) == 0 and not buf.ready()
 
 
 def _ship(ring, table, batch, promoted=None, key=0):
