@@ -529,7 +529,7 @@ def test_other_formats_use_pack_img_with_cv2(tmp_path, monkeypatch):
     def imencode(fmt, image, params):
         # Like OpenCV: the array is BGR, the file is RGB. PNG stands in for JPEG here.
         calls.append((fmt, params))
-        return True, np.frombuffer(recordio._png(image[:, :, ::-1], 6), dtype=np.uint8)
+        return True, np.frombuffer(recordio.writer._png(image[:, :, ::-1], 6), dtype=np.uint8)
 
     fake_cv2 = types.SimpleNamespace(
         IMWRITE_JPEG_QUALITY=1, IMWRITE_PNG_COMPRESSION=16, imencode=imencode

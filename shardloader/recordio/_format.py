@@ -1,0 +1,84 @@
+"""The RecordIO framing (dmlc-core's) and the error every reader and writer here raises."""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Optional, Union
+
+from .._errors import ShardLoaderError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# dmlc-core's RecordIO framing: each chunk is <magic:u32><cflag:3 bits|length:29 bits><data>,
+# with zero bytes that pad the data to a multiple of 4. The writer splits a record at every
+# 4-aligned copy of the magic in it: the copy is dropped, the first chunk gets flag 1, the
+# middle ones 2 and the last one 3. A record of one chunk has flag 0.
+_MAGIC = 0xCED7230A
+_MAGIC_BYTES = struct.pack("<I", _MAGIC)
+_HEADER = struct.Struct("<II")
+_HEADER_BYTES = _HEADER.size
+_LENGTH_MASK = (1 << 29) - 1
+_FIRST_FLAGS = (0, 1)
+_NEXT_FLAGS = (2, 3)
+_LAST_FLAGS = (0, 3)
+# .idx numbers must fit the int64 arrays they are kept in.
+_INT64_MAX = (1 << 63) - 1
+
+
+class RecordIOError(ShardLoaderError, ValueError):
+    """A ``.rec`` or ``.idx`` file is corrupt, truncated, inconsistent or cannot be read, or a
+    record does not hold what the dataset expects (an ``IRHeader`` and a decodable image).
+
+    Attributes
+    ----------
+    path : str or None
+        The file at fault.
+    index : int or None
+        The dataset index of the record (its line in the ``.idx`` file, from 0).
+    key : int or None
+        The record's key in the ``.idx`` file.
+    offset : int or None
+        The byte offset of the record in the ``.rec`` file.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Optional[str] = None,
+        index: Optional[int] = None,
+        key: Optional[int] = None,
+        offset: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.index = index
+        self.key = key
+        self.offset = offset
+
+
+def _last_line(exc: BaseException) -> str:
+    """MXNet errors carry a C++ traceback; the last line says what failed."""
+    lines = str(exc).strip().splitlines()
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def _default_idx_path(rec_path: str) -> str:
+    return os.path.splitext(rec_path)[0] + ".idx"
+
+
+def _aligned_magic(data: bytes, length: int) -> int:
+    """Where the first 4-aligned copy of the magic number is in ``data[:length]``, or -1."""
+    found = data.find(_MAGIC_BYTES, 0, length)
+    while found >= 0 and found % 4:
+        found = data.find(_MAGIC_BYTES, found + 1, length)
+    return found
+
+
+def _starts_record(header: Any) -> bool:
+    """Whether ``header`` (8 bytes) is the first chunk header of a record."""
+    if len(header) < _HEADER_BYTES:
+        return False
+    magic, word = _HEADER.unpack(header[:_HEADER_BYTES])
+    return magic == _MAGIC and (word >> 29) in _FIRST_FLAGS
