@@ -251,13 +251,13 @@ class ProcessPool:
         return [w.process.pid for w in self._workers.values()]
 
     # -- work
-    def submit(self, task: Task) -> int:
-        """Send ``task`` to the least-loaded worker; returns that worker's id."""
+    def submit(self, task: Task) -> None:
+        """Send ``task`` to the least-loaded worker."""
         with self._lock:
             if not self._workers:
                 # Every worker died, and each death failed the open epochs already: the
                 # task has nowhere to go, and poll() refuses to wait on nothing.
-                return -1
+                return
             w = min(self._workers.values(), key=lambda w: (len(w.tasks), w.id))
             released = self._table.take_releases(w.key)
             w.tasks[(task.gen, task.batches[0][0])] = task
@@ -270,7 +270,6 @@ class ProcessPool:
             except (OSError, ValueError):
                 pass  # the worker is dead; poll() reports it with this task as lost
             self._send_urgent_releases()
-            return w.id
 
     def _send_urgent_releases(self) -> None:
         by_key = {w.key: w for w in self._workers.values()}
@@ -599,7 +598,6 @@ class ThreadPool:
         self._stop = threading.Event()
         self._closed = False
         self._stopped_threads = 0  # threads that ended on an error outside a batch
-        self._bytes = 0
         entropy = _fresh_entropy()
         self._threads = [
             threading.Thread(
@@ -638,9 +636,8 @@ class ThreadPool:
         self._closed = True
         self._finalizer()
 
-    def submit(self, task: Task) -> int:
+    def submit(self, task: Task) -> None:
         self._tasks.put(task)
-        return -1
 
     def poll(self, timeout: float) -> Tuple[List[Result], List[WorkerLost]]:
         out: List[Result] = []
@@ -672,4 +669,6 @@ class ThreadPool:
 
     @property
     def bytes_delivered(self) -> int:
-        return self._bytes
+        """Always 0: a thread's batch is handed over as it is, and the epoch counts its
+        bytes itself (the process pool counts what crosses its shared memory)."""
+        return 0

@@ -20,12 +20,11 @@ class ReorderBuffer:
     (True, 'a', 'b', False)
     """
 
-    __slots__ = ("_items", "_next", "max_depth")
+    __slots__ = ("_items", "_next")
 
     def __init__(self, start: int = 0) -> None:
         self._items: Dict[int, Any] = {}
         self._next = start
-        self.max_depth = 0
 
     @property
     def next_seq(self) -> int:
@@ -36,8 +35,6 @@ class ReorderBuffer:
         if seq < self._next or seq in self._items:
             raise KeyError(f"duplicate result for batch {seq} (next expected {self._next})")
         self._items[seq] = item
-        if len(self._items) > self.max_depth:
-            self.max_depth = len(self._items)
 
     def ready(self) -> bool:
         return self._next in self._items
@@ -55,6 +52,3 @@ class ReorderBuffer:
 
     def __len__(self) -> int:
         return len(self._items)
-
-    def __contains__(self, seq: int) -> bool:
-        return seq in self._items

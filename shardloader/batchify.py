@@ -94,8 +94,9 @@ class BatchifyTypeError(TypeError, ValueError):
 def _ndarray_class():
     """``mx.nd.NDArray`` if MXNet has been imported, else ``None``.
 
-    No sample can be an NDArray before MXNet is imported, so this module never imports MXNet
-    itself (a spawned worker that only sees numpy data stays light).
+    No sample can be an NDArray before MXNet is imported, so the check need not import it.
+    (Importing ``shardloader`` imports MXNet anyway, for the loader; this only keeps the
+    per-sample type test from touching MXNet's modules.)
     """
     mx = sys.modules.get("mxnet")
     nd = getattr(mx, "nd", None)
