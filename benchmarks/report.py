@@ -23,11 +23,12 @@ Definitions (also in docs/benchmarks.md):
 from __future__ import annotations
 
 import json
+import operator
 import os
 import shutil
 import statistics
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .workloads import CPP_LOADERS, LOADERS
 
@@ -138,8 +139,8 @@ def summarise(cells: Sequence[Cell], runs: Sequence[Dict[str, Any]]) -> Dict[str
             entry["loaders"][loader] = med
         for loader in cell.loaders:
             if loader != "gluon":
-                entry["ratios"][loader] = _paired_ratio(mine, loader, "gluon", "samples_per_s")
-        entry["rss_diff"] = _paired_diff(mine, "ours", "gluon", "peak_rss_mb")
+                entry["ratios"][loader] = _paired(mine, loader, "gluon", "samples_per_s")
+        entry["rss_diff"] = _paired(mine, "ours", "gluon", "peak_rss_mb", operator.sub)
         out[cell.key] = entry
     _add_overheads(cells, out)
     return out
@@ -156,37 +157,30 @@ def _cell_dict(cell: Cell) -> Dict[str, Any]:
     }
 
 
-def _paired_ratio(
-    runs: Sequence[Dict[str, Any]], loader: str, base: str, metric: str
+def _paired(
+    runs: Sequence[Dict[str, Any]],
+    loader: str,
+    base: str,
+    metric: str,
+    combine: Callable[[float, float], float] = operator.truediv,
 ) -> Dict[str, Any]:
-    by_round: Dict[int, Dict[str, float]] = {}
-    for r in runs:
-        value = r["result"].get(metric)
-        if "error" not in r["result"] and value:
-            by_round.setdefault(r["round"], {})[r["loader"]] = value
-    ratios = [v[loader] / v[base] for v in by_round.values() if loader in v and base in v]
-    return {
-        "median": _median(ratios),
-        "min": min(ratios) if ratios else None,
-        "max": max(ratios) if ratios else None,
-        "per_round": ratios,
-    }
-
-
-def _paired_diff(
-    runs: Sequence[Dict[str, Any]], loader: str, base: str, metric: str
-) -> Dict[str, Any]:
-    """``loader - base`` of ``metric`` per round: the median and the min-max."""
+    """``combine(loader's metric, base's metric)`` in every round that measured both (a
+    ratio by default; ``operator.sub`` for a difference): the median and the min-max."""
     by_round: Dict[int, Dict[str, float]] = {}
     for r in runs:
         value = r["result"].get(metric)
         if "error" not in r["result"] and value is not None:
             by_round.setdefault(r["round"], {})[r["loader"]] = value
-    diffs = [v[loader] - v[base] for v in by_round.values() if loader in v and base in v]
+    values = [
+        combine(v[loader], v[base])
+        for v in by_round.values()
+        if loader in v and base in v and (v[base] or combine is not operator.truediv)
+    ]
     return {
-        "median": _median(diffs),
-        "min": min(diffs) if diffs else None,
-        "max": max(diffs) if diffs else None,
+        "median": _median(values),
+        "min": min(values) if values else None,
+        "max": max(values) if values else None,
+        "per_round": values,
     }
 
 
