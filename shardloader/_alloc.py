@@ -130,7 +130,7 @@ class _BufferPool:
 
     A batch of 64 float32 images is 38.5 MB, above glibc's largest ``mmap`` threshold (32
     MiB), so ``np.empty`` maps fresh pages for every such batch and the stacking then faults
-    every page in: W5 inline spent as long on that as on the copy. A buffer goes back to the
+    every page in (9,400 page faults a batch). A buffer goes back to the
     pool only when nothing but its lease referred to it: a batchify function that kept the
     array, or a view of it, keeps it out of the pool for good (docs/design.md, invariant 10).
     """
