@@ -13,7 +13,6 @@ from typing import Any, Callable, Iterable, Optional, Tuple, Union
 import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
-from tqdm import tqdm
 
 from ._format import (
     PathLike,
@@ -150,6 +149,8 @@ def _write_records(
         # MXNet's writer opens both files by name and truncates them: they are ours, created
         # with O_EXCL, under names nobody could predict.
         writer = mx.recordio.MXIndexedRecordIO(tmp_idx, tmp_rec, "w")
+        from tqdm import tqdm  # here: importing shardloader (and `shardloader --help`) stays light
+
         bar = tqdm(
             records, total=total, disable=not progress, unit="rec", desc=os.path.basename(rec_path)
         )
