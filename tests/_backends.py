@@ -17,6 +17,8 @@ BACKENDS: Dict[str, Dict[str, Any]] = {
     "thread": dict(num_workers=2, thread_pool=True),
     "fork": dict(num_workers=2, start_method="fork"),
     "spawn": dict(num_workers=2, start_method="spawn"),
+    # Process workers in the default way: the only process arguments Gluon's loader takes too.
+    "process": dict(num_workers=2),
 }
 
 

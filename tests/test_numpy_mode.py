@@ -14,7 +14,7 @@ from shardloader import DataLoader
 from shardloader._alloc import numpy_flags, set_numpy_flags
 from shardloader.batchify import Pad, Stack, Tuple
 
-MODES = backends("inline", "thread", "fork")
+MODES = backends("inline", "thread", "process")  # Gluon takes them too
 
 
 @pytest.fixture
