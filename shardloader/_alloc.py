@@ -374,6 +374,10 @@ class _Registry:
         native = self._native
         if native is None:
             native = self._native = _Native()
+        if len(self._leases) > 1:
+            # Amortised: each new lease checks the two oldest. First, so that an exception
+            # raised in it (Ctrl-C) leaves no half-delivered array behind.
+            self.reap(2)
         lease = _Lease()
         tensor = lease.dl_tensor
         tensor.data = array.ctypes.data
@@ -409,8 +413,6 @@ class _Registry:
                 # or holds a handle nobody can free, so it will never call this deleter.
                 with self._lock:
                     self._leases.remove(entry)
-        if len(self._leases) > 1:
-            self.reap(2)  # amortised: each new lease checks the two oldest
         return wrapped
 
     def reap(self, limit: int) -> None:
