@@ -139,8 +139,10 @@ def summarise(cells: Sequence[Cell], runs: Sequence[Dict[str, Any]]) -> Dict[str
             entry["loaders"][loader] = med
         for loader in cell.loaders:
             if loader != "gluon":
-                entry["ratios"][loader] = _paired(mine, loader, "gluon", "samples_per_s")
-        entry["rss_diff"] = _paired(mine, "ours", "gluon", "peak_rss_mb", operator.sub)
+                entry["ratios"][loader] = _paired(mine, (cell.key, loader), (cell.key, "gluon"))
+        entry["rss_diff"] = _paired(
+            mine, (cell.key, "ours"), (cell.key, "gluon"), "peak_rss_mb", operator.sub
+        )
         out[cell.key] = entry
     _add_overheads(cells, out)
     return out
@@ -154,33 +156,6 @@ def _cell_dict(cell: Cell) -> Dict[str, Any]:
         "pin_memory": cell.pin_memory,
         "thread_pool": cell.thread_pool,
         "reps": cell.reps,
-    }
-
-
-def _paired(
-    runs: Sequence[Dict[str, Any]],
-    loader: str,
-    base: str,
-    metric: str,
-    combine: Callable[[float, float], float] = operator.truediv,
-) -> Dict[str, Any]:
-    """``combine(loader's metric, base's metric)`` in every round that measured both (a
-    ratio by default; ``operator.sub`` for a difference): the median and the min-max."""
-    by_round: Dict[int, Dict[str, float]] = {}
-    for r in runs:
-        value = r["result"].get(metric)
-        if "error" not in r["result"] and value is not None:
-            by_round.setdefault(r["round"], {})[r["loader"]] = value
-    values = [
-        combine(v[loader], v[base])
-        for v in by_round.values()
-        if loader in v and base in v and (v[base] or combine is not operator.truediv)
-    ]
-    return {
-        "median": _median(values),
-        "min": min(values) if values else None,
-        "max": max(values) if values else None,
-        "per_round": values,
     }
 
 
@@ -244,21 +219,32 @@ COMPARISONS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str]], ...] = (
 )
 
 
-def _cross_ratio(
-    runs: Sequence[Dict[str, Any]], top: Tuple[str, str], base: Tuple[str, str]
+def _paired(
+    runs: Sequence[Dict[str, Any]],
+    top: Tuple[str, str],
+    base: Tuple[str, str],
+    metric: str = "samples_per_s",
+    combine: Callable[[float, float], float] = operator.truediv,
 ) -> Dict[str, Any]:
+    """``combine(top's metric, base's metric)`` in every round that measured both, where
+    ``top`` and ``base`` are ``(cell key, loader)`` (a ratio by default; ``operator.sub``
+    for a difference): the median, the min-max and the per-round values."""
     values: Dict[Tuple[str, str], Dict[int, float]] = {top: {}, base: {}}
     for r in runs:
         which = (r["cell"], r["loader"])
-        value = r["result"].get("samples_per_s")
-        if which in values and "error" not in r["result"] and value:
+        value = r["result"].get(metric)
+        if which in values and "error" not in r["result"] and value is not None:
             values[which][r["round"]] = value
-    ratios = [v / values[base][k] for k, v in sorted(values[top].items()) if k in values[base]]
+    paired = [
+        combine(v, values[base][k])
+        for k, v in sorted(values[top].items())
+        if k in values[base] and (values[base][k] or combine is not operator.truediv)
+    ]
     return {
-        "median": _median(ratios),
-        "min": min(ratios) if ratios else None,
-        "max": max(ratios) if ratios else None,
-        "per_round": ratios,
+        "median": _median(paired),
+        "min": min(paired) if paired else None,
+        "max": max(paired) if paired else None,
+        "per_round": paired,
     }
 
 
@@ -266,7 +252,7 @@ def comparisons(runs: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
     """Every ratio of :data:`COMPARISONS` whose two sides ran, paired per round."""
     out = {}
     for name, top, base in COMPARISONS:
-        ratio = _cross_ratio(runs, top, base)
+        ratio = _paired(runs, top, base)
         if ratio["per_round"]:
             out[name] = ratio
     return out

@@ -11,13 +11,13 @@ from . import batchify, dataiter, distributed, prefetch, recordio, sampler
 from ._errors import (
     ClosedIteratorError,
     LoaderTimeoutError,
+    RecordIOError,
     ShardLoaderError,
     WorkerDiedError,
     WorkerError,
 )
 from ._worker import WorkerInfo, get_worker_info
 from .loader import DataLoader, ShardedDataLoader
-from .recordio import RecordIOError
 
 __version__ = "0.1.0"
 

@@ -156,13 +156,14 @@ class _BufferPool:
             for k, candidate in enumerate(self._free):
                 if candidate.nbytes == nbytes:
                     raw = candidate
-                    del self._free[k]
+                    del self._free[k]  # by position: arrays do not compare as values here
                     break
         if raw is None:
             raw = np.empty(nbytes, dtype=np.uint8)
         key = id(raw)
-        with self._lock:
-            self._lent[key] = weakref.ref(raw, lambda _, key=key: self._lent.pop(key, None))
+        # A plain dict store (atomic under the GIL), as the weakref's callback pops without
+        # the lock: it may run on any thread, at any point.
+        self._lent[key] = weakref.ref(raw, lambda _, key=key: self._lent.pop(key, None))
         return raw.view(dtype).reshape(shape)  # its .base is raw: numpy keeps the owner
 
     def give_back(self, array: np.ndarray) -> None:

@@ -19,6 +19,7 @@ __all__ = [
     "WorkerDiedError",
     "LoaderTimeoutError",
     "ClosedIteratorError",
+    "RecordIOError",
     "RemoteError",
 ]
 
@@ -88,6 +89,38 @@ class LoaderTimeoutError(ShardLoaderError, TimeoutError):
 
 class ClosedIteratorError(ShardLoaderError, ValueError):
     """The iterator or loader was used after ``close()``."""
+
+
+class RecordIOError(ShardLoaderError, ValueError):
+    """A ``.rec`` or ``.idx`` file is corrupt, truncated, inconsistent or cannot be read, or a
+    record does not hold what the dataset expects (an ``IRHeader`` and a decodable image).
+
+    Attributes
+    ----------
+    path : str or None
+        The file at fault.
+    index : int or None
+        The dataset index of the record (its line in the ``.idx`` file, from 0).
+    key : int or None
+        The record's key in the ``.idx`` file.
+    offset : int or None
+        The byte offset of the record in the ``.rec`` file.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Optional[str] = None,
+        index: Optional[int] = None,
+        key: Optional[int] = None,
+        offset: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.index = index
+        self.key = key
+        self.offset = offset
 
 
 def describe_exitcode(exitcode: Optional[int]) -> str:

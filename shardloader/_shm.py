@@ -126,25 +126,13 @@ class _Slot:
         self.capacity = capacity
         self.fd = os.memfd_create(f"{_MEMFD_PREFIX}{slot_id}", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, capacity)
-        self.mm: Optional[mmap.mmap] = None
         self.top = 0
         self.sent = False
         # Its pages populated in one call rather than faulted in one by one.
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        self.mm = mmap.mmap(self.fd, capacity, flags=flags)
+        self.mm: Optional[mmap.mmap] = mmap.mmap(self.fd, capacity, flags=flags)
         self.buf = np.frombuffer(self.mm, dtype=np.uint8)
         self.addr = self.buf.ctypes.data
-
-    def _unmap(self) -> None:
-        if self.mm is None:
-            return
-        self.buf = None
-        try:
-            self.mm.close()
-        except BufferError:
-            # An array still points into it: it stays mapped until the process exits.
-            return
-        self.mm = None
 
     def carve(self, nbytes: int) -> Optional[int]:
         """Reserve ``nbytes`` at an aligned offset, or None if the slot is full."""
@@ -160,7 +148,13 @@ class _Slot:
         return self.buf[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def close(self) -> None:
-        self._unmap()
+        if self.mm is not None:
+            self.buf = None
+            try:
+                self.mm.close()
+                self.mm = None
+            except BufferError:
+                pass  # an array still points into it: it stays mapped until the process exits
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -30,7 +30,7 @@ Checks
     reported.
 """
 
-from ._format import RecordIOError
+from .._errors import RecordIOError
 from .reader import ImageRecordDataset, RecordDataset
 from .threads import thread_safe
 from .writer import pack_images, pack_records

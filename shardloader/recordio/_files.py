@@ -11,9 +11,9 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from .._errors import RecordIOError
 from ._format import (
     _INT64_MAX,
-    RecordIOError,
 )
 
 

@@ -1,12 +1,11 @@
-"""The RecordIO framing (dmlc-core's) and the error every reader and writer here raises."""
+"""The RecordIO framing (dmlc-core's) and the helpers every reader and writer here shares;
+their error, ``RecordIOError``, lives with shardloader's other errors."""
 
 from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Optional, Union
-
-from .._errors import ShardLoaderError
+from typing import Any, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -24,38 +23,6 @@ _NEXT_FLAGS = (2, 3)
 _LAST_FLAGS = (0, 3)
 # .idx numbers must fit the int64 arrays they are kept in.
 _INT64_MAX = (1 << 63) - 1
-
-
-class RecordIOError(ShardLoaderError, ValueError):
-    """A ``.rec`` or ``.idx`` file is corrupt, truncated, inconsistent or cannot be read, or a
-    record does not hold what the dataset expects (an ``IRHeader`` and a decodable image).
-
-    Attributes
-    ----------
-    path : str or None
-        The file at fault.
-    index : int or None
-        The dataset index of the record (its line in the ``.idx`` file, from 0).
-    key : int or None
-        The record's key in the ``.idx`` file.
-    offset : int or None
-        The byte offset of the record in the ``.rec`` file.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        path: Optional[str] = None,
-        index: Optional[int] = None,
-        key: Optional[int] = None,
-        offset: Optional[int] = None,
-    ) -> None:
-        super().__init__(message)
-        self.path = path
-        self.index = index
-        self.key = key
-        self.offset = offset
 
 
 def _last_line(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 from mxnet.base import MXNetError
 from mxnet.gluon.data import Dataset
 
+from .._errors import RecordIOError
 from ._files import _open_file, _parse_index, _Reader
 from ._format import (
     _FIRST_FLAGS,
@@ -25,7 +26,6 @@ from ._format import (
     _MAGIC_BYTES,
     _NEXT_FLAGS,
     PathLike,
-    RecordIOError,
     _aligned_magic,
     _default_idx_path,
     _last_line,

@@ -14,9 +14,9 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
+from .._errors import RecordIOError
 from ._format import (
     PathLike,
-    RecordIOError,
     _default_idx_path,
     _last_line,
 )
