@@ -228,6 +228,23 @@ def test_recommendation_rule():
     assert len(why) == 2
 
 
+def test_engine_thread_hint_for_thread_workers_and_inline_loading(monkeypatch, capsys):
+    """MXNet operators in thread workers (or inline) share MXNET_CPU_WORKER_NTHREADS engine
+    threads, one by default: the report says so, unless the variable is set."""
+    import argparse
+
+    row = {"loader": "shardloader", "samples_per_s": 100.0, "stall": 1.0, "batch_bytes": 1 << 20}
+    rows = [{**row, "workers": 2, "first_batch_s": 0.1, "peak_rss_mb": 10.0}]
+    hint = "MXNET_CPU_WORKER_NTHREADS=2"
+    monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
+    for thread_pool, shown in ((True, True), (False, False)):
+        bench._report(rows, argparse.Namespace(step_ms=0, thread_pool=thread_pool))
+        assert (hint in capsys.readouterr().out) is shown
+    monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "2")
+    bench._report(rows, argparse.Namespace(step_ms=0, thread_pool=True))
+    assert "MXNET_CPU_WORKER_NTHREADS" not in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------ demo data
 def test_shapes_are_deterministic_and_balanced():
     images, labels = generate_shapes(60, seed=5)

@@ -19,6 +19,7 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
+from _backends import BACKENDS
 
 from shardloader import _alloc
 
@@ -369,11 +370,12 @@ def test_an_inline_batch_reuses_the_buffer_of_a_released_one(no_thread_leak):
     assert len(set(seen)) < len(seen), f"no buffer was used twice: {seen}"
 
 
-def test_a_held_batch_is_never_overwritten(no_thread_leak):
+@pytest.mark.parametrize("mode", ["inline", "thread"])
+def test_a_held_batch_is_never_overwritten(no_leaks, mode):
     from shardloader import DataLoader
 
     X = np.random.default_rng(1).random((6 * _BIG[0],) + _BIG[1:], dtype=np.float32)
-    with DataLoader(X, batch_size=_BIG[0]) as loader:
+    with DataLoader(X, batch_size=_BIG[0], **BACKENDS[mode]) as loader:
         held = [b for b in loader]  # every batch alive at once
         assert len({_data_ptr(b) for b in held}) == len(held)
         for k, batch in enumerate(held):
