@@ -305,8 +305,8 @@ _PRELOAD = [
     "shardloader",
     # Imported lazily by the loader: preloading them too makes every run of a benchmark use
     # the code as it was when the benchmark started, even if it is edited meanwhile.
-    "shardloader._shm",
-    "shardloader._device",
+    "shardloader._engine.ipc.shm",
+    "shardloader._engine.device",
     "shardloader.prefetch",
     "benchmarks.workloads",
     "benchmarks.micro",

@@ -50,7 +50,7 @@ def stacking(
     """
     import mxnet as mx
 
-    from shardloader import _alloc
+    from shardloader._engine.ipc import alloc as _alloc
     from shardloader.batchify import default_batchify_fn
 
     from .workloads import mxnet_2

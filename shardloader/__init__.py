@@ -8,6 +8,7 @@ Every public module is reachable from here: ``batchify``, ``sampler``, ``prefetc
 """
 
 from . import batchify, dataiter, distributed, prefetch, recordio, sampler
+from ._engine.worker import WorkerInfo, get_worker_info
 from ._errors import (
     ClosedIteratorError,
     LoaderTimeoutError,
@@ -16,7 +17,6 @@ from ._errors import (
     WorkerDiedError,
     WorkerError,
 )
-from ._worker import WorkerInfo, get_worker_info
 from .loader import DataLoader, ShardedDataLoader
 
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
 """``python -m shardloader``: the same command line as the ``shardloader`` script."""
 
-from .cli import main
+from .tools.cli import main
 
 raise SystemExit(main())

@@ -35,7 +35,7 @@ import typing
 
 import numpy as np
 
-from . import _alloc
+from ._engine.ipc import alloc as _alloc
 
 __all__ = [
     "default_batchify_fn",

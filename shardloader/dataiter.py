@@ -22,10 +22,11 @@ import numpy as np
 from mxnet.io import DataBatch, DataDesc, DataIter
 from mxnet.ndarray import NDArray
 
-from ._alloc import numpy_mode
 from ._compat import device_of
+from ._engine.ipc.alloc import numpy_mode
 from ._errors import ClosedIteratorError, LoaderTimeoutError
-from .prefetch import PrefetchIterator, check_positive_int
+from ._validate import check_int
+from .prefetch import PrefetchIterator
 
 __all__ = ["LoaderDataIter", "PrefetchingIter"]
 
@@ -186,7 +187,7 @@ class LoaderDataIter(_CurrentBatch):
                 f"every epoch can call iter() on it; got {type(loader).__name__}"
             )
         if batch_size is not None:
-            batch_size = check_positive_int(batch_size, "batch_size")
+            batch_size = check_int("batch_size", batch_size, 1)
         if not isinstance(layout, str) or "N" not in layout:
             raise ValueError(f"layout must be a str with an 'N' (batch) axis, got {layout!r}")
         super().__init__(batch_size or 0)
@@ -563,7 +564,7 @@ class PrefetchingIter(_CurrentBatch):
                     f"data_iter[{i}] must be an mx.io.DataIter (with next, reset and "
                     f"provide_data), got {type(it).__name__}"
                 )
-        self._buffer_size = check_positive_int(buffer_size, "buffer_size")
+        self._buffer_size = check_int("buffer_size", buffer_size, 1)
         self.iters = iters
         self._wrapped = [
             _Wrapped(it, rd, rl, isinstance(it, mx.io.MXDataIter) if copy is None else copy)

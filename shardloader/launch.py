@@ -67,8 +67,9 @@ from typing import (
     Union,
 )
 
+from ._engine.lifeline import parent_death_signal
 from ._errors import describe_exitcode
-from ._lifeline import parent_death_signal
+from ._validate import check_int
 
 __all__ = ["LaunchResult", "NodeProcess", "launch_local", "main"]
 
@@ -239,8 +240,8 @@ def launch_local(
     """
     argv = _check_command(cmd)
     num_servers = num_workers if num_servers is None else num_servers
-    _check_count("num_workers", num_workers)
-    _check_count("num_servers", num_servers)
+    check_int("num_workers", num_workers, 1)
+    check_int("num_servers", num_servers, 1)
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if not grace_period >= 0:
@@ -405,11 +406,6 @@ def _check_command(cmd: Union[str, Sequence[str]]) -> List[str]:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"cmd must be a non-empty command (str or list of str), got {cmd!r}")
     return argv
-
-
-def _check_count(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
 def _cluster_env(

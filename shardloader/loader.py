@@ -19,15 +19,17 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from mxnet.gluon.data import DataLoader as _GluonDataLoader
 
-from . import _interrupts, _options
 from . import batchify as _batchify
-from ._alloc import numpy_flags
 from ._compat import MX2
-from ._device import pin
+from ._engine import interrupts as _interrupts
+from ._engine import options as _options
+from ._engine.device import pin
+from ._engine.epoch import Hub, InlineEpoch, PooledEpoch, Stats
+from ._engine.ipc.alloc import numpy_flags
+from ._engine.pools import ProcessPool, ThreadPool
+from ._engine.worker import BatchMaker, is_sharded
 from ._errors import ClosedIteratorError
-from ._iter import Hub, InlineEpoch, PooledEpoch, Stats
-from ._pool import ProcessPool, ThreadPool
-from ._worker import BatchMaker, is_sharded
+from ._validate import check_int
 from .sampler import (
     BatchSampler,
     PartitionSampler,
@@ -431,7 +433,7 @@ class ShardedDataLoader(_GluonDataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run epoch ``epoch`` (later ones follow from it)."""
-        self._next_epoch = _options._int("epoch", epoch, 0)
+        self._next_epoch = check_int("epoch", epoch)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> Dict[str, Any]:
@@ -485,9 +487,8 @@ class ShardedDataLoader(_GluonDataLoader):
         """Check every field of ``state`` against this loader, changing nothing; return the
         point to resume from (a copy, so that the caller's dict may change afterwards)."""
         import copy
-        import numbers
 
-        from .sampler._base import StateTypeError, same_value
+        from .sampler._base import check_state_int, same_value
 
         if not isinstance(state, dict) or not same_value(state.get("version"), _STATE_VERSION):
             raise ValueError(
@@ -508,14 +509,7 @@ class ShardedDataLoader(_GluonDataLoader):
                     f"{state[key]!r:.100} in the state but {mine[key]!r} here"
                 )
         for key in ("epoch", "consumed"):
-            value = state[key]
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                raise StateTypeError(
-                    f"state[{key!r}] must be an int >= 0, got {value!r:.100} "
-                    f"({type(value).__name__})"
-                )
-            if value < 0:
-                raise ValueError(f"state[{key!r}] must be an int >= 0, got {value}")
+            check_state_int(f"state[{key!r}]", state[key])
         epoch, consumed = int(state["epoch"]), int(state["consumed"])
         total = self._batches_of(epoch, state["sampler"])
         if consumed > total:
@@ -717,7 +711,7 @@ class _EpochIterator:
 
 def _placement(opts: _options.LoaderOptions):
     if opts.ctx is not None:
-        from ._device import normalize_ctx
+        from ._engine.device import normalize_ctx
 
         ctx = normalize_ctx(opts.ctx, opts.ctx_name)
         if isinstance(ctx, list) and len(ctx) == 1:

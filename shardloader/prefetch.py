@@ -47,9 +47,10 @@ import weakref
 from functools import partial
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
-from . import _device
 from ._compat import DeviceType
+from ._engine import device as _device
 from ._errors import ClosedIteratorError, WorkerError
+from ._validate import check_int
 
 __all__ = ["Prefetcher", "DevicePrefetcher", "PrefetchIterator"]
 
@@ -80,15 +81,6 @@ class _Raised:
 
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
-
-
-def check_positive_int(value: Any, name: str) -> int:
-    """Validate a size argument: a positive ``int`` (``bool`` is refused)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int, got {type(value).__name__}: {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int (1 or more), got {value}")
-    return value
 
 
 def _wait_for_slot(slots: threading.Semaphore, stop: threading.Event) -> bool:
@@ -219,7 +211,7 @@ class PrefetchIterator:
         transform: Optional[Callable[[Any], Any]] = None,
         name: str = "prefetch",
     ) -> None:
-        buffer_size = check_positive_int(buffer_size, "buffer_size")
+        buffer_size = check_int("buffer_size", buffer_size, 1)
         source = iter(iterable)
         self._items: queue.SimpleQueue = queue.SimpleQueue()
         self._slots = threading.Semaphore(buffer_size)
@@ -322,7 +314,7 @@ class Prefetcher:
     """
 
     def __init__(self, buffer_size: int = 2) -> None:
-        self.buffer_size = check_positive_int(buffer_size, "buffer_size")
+        self.buffer_size = check_int("buffer_size", buffer_size, 1)
 
     def prefetch(self, iterable: Iterable) -> PrefetchIterator:
         """Start a thread pulling from ``iterable`` now and return an iterator over its items."""

@@ -14,7 +14,7 @@ import mxnet as mx
 import psutil
 import pytest
 
-from shardloader import _alloc
+from shardloader._engine.ipc import alloc as _alloc
 
 # The suite runs under MXNet 1.9.1 (`make test`, the default) and 2.0.0b1 (`make test-mx2`).
 MX_VERSION = tuple(int(n) for n in re.findall(r"\d+", mx.__version__)[:2])

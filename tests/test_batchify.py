@@ -14,7 +14,8 @@ import pytest
 from conftest import ARRAY_TYPE, ARRAYS, requires_mx2, where
 from mxnet.gluon.data.dataloader import default_batchify_fn as gluon_default_batchify_fn
 
-from shardloader import _alloc, batchify
+from shardloader import batchify
+from shardloader._engine.ipc import alloc as _alloc
 from shardloader.batchify import (
     Append,
     AsList,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import shardloader
-from shardloader import bench, bench_report, cli
-from shardloader.demo_data import CLASSES, generate_shapes, prepare
 from shardloader.recordio import ImageRecordDataset
+from shardloader.tools import bench, bench_report, cli
+from shardloader.tools.demo_data import CLASSES, generate_shapes, prepare
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leaks")]
 
@@ -76,12 +76,13 @@ def test_version(tmp_path):
 def test_help_does_not_import_the_subcommands(tmp_path):
     code = (
         "import sys\n"
-        "from shardloader.cli import main\n"
+        "from shardloader.tools.cli import main\n"
         "try:\n"
         "    main(['demo', '--help'])\n"
         "except SystemExit:\n"
         "    pass\n"
-        "heavy = ['shardloader.demo', 'shardloader.bench', 'tqdm', 'matplotlib', 'psutil']\n"
+        "heavy = ['shardloader.tools.demo', 'shardloader.tools.bench',\n"
+        "         'tqdm', 'matplotlib', 'psutil']\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
     proc = subprocess.run(

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from shardloader.demo_state import Checkpoint, CheckpointCorrupt, CheckpointMismatch
+from shardloader.tools.demo_state import Checkpoint, CheckpointCorrupt, CheckpointMismatch
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -262,8 +262,8 @@ def test_launch_local_reports_a_killed_worker():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"num_workers": 0}, "num_workers must be an int >= 1, got 0"),
-        ({"num_servers": 0}, "num_servers must be an int >= 1, got 0"),
+        ({"num_workers": 0}, "num_workers must be a positive int, got 0"),
+        ({"num_servers": 0}, "num_servers must be a positive int, got 0"),
         ({"timeout": 0}, "timeout must be a positive number"),
         ({"port": 70000}, "port must be an int in 1..65535"),
         ({"cmd": []}, "cmd must be a non-empty command"),

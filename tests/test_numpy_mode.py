@@ -11,7 +11,7 @@ from mxnet import autograd, gluon
 from mxnet.gluon.data import ArrayDataset
 
 from shardloader import DataLoader
-from shardloader._alloc import numpy_flags, set_numpy_flags
+from shardloader._engine.ipc.alloc import numpy_flags, set_numpy_flags
 from shardloader.batchify import Pad, Stack, Tuple
 
 MODES = backends("inline", "thread", "process")  # Gluon takes them too

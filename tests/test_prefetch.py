@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from conftest import our_threads
 
-from shardloader import _device, prefetch
+from shardloader import prefetch
+from shardloader._engine import device as _device
 from shardloader._errors import ClosedIteratorError, WorkerError
 from shardloader.prefetch import DevicePrefetcher, Prefetcher, PrefetchIterator
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from _backends import BACKENDS
 
-from shardloader import _alloc
+from shardloader._engine.ipc import alloc as _alloc
 
 _DEADLINE_S = 90
 
@@ -309,7 +309,7 @@ def test_interrupts_are_not_ignored_in_the_parent(no_thread_leak):
     """A KeyboardInterrupt raised while many wrapped arrays are freed reaches the caller:
     at once, or, when it lands in a destructor (MXNet 2.x's ``NDArray.__del__`` runs
     Python), at the next check a loader makes (docs/design.md, invariant 8)."""
-    from shardloader import _interrupts
+    from shardloader._engine import interrupts as _interrupts
 
     _interrupts.install()  # as every loader does
     # An interrupt that cuts MXNet's own NDArray.__del__ short (it runs Python) leaves that

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardloader._reorder import ReorderBuffer
+from shardloader._engine.reorder import ReorderBuffer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,7 +22,7 @@ from conftest import ARRAY_TYPE, MX2, shmem_kb
 from mxnet import gluon
 
 from shardloader import ClosedIteratorError, DataLoader
-from shardloader import _shm as shm
+from shardloader._engine.ipc import shm
 
 MODES = {
     "inline": {},

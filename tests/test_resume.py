@@ -504,14 +504,14 @@ def _with(state, path, value):
 
 _DELETE = object()
 MALFORMED = {  # (path, value, what the message must say)
-    "consumed_negative": (["consumed"], -3, r"state\['consumed'\] must be an int >= 0, got -3"),
+    "consumed_negative": (["consumed"], -3, r"state\['consumed'\] must be a non-negative int, got -3"),
     "consumed_str": (
         ["consumed"],
         "2",
-        r"state\['consumed'\] must be an int >= 0, got '2' \(str\)",
+        r"state\['consumed'\] must be a non-negative int, got '2' \(str\)",
     ),
-    "consumed_float": (["consumed"], 2.0, r"state\['consumed'\] must be an int >= 0, got 2.0"),
-    "consumed_bool": (["consumed"], True, r"state\['consumed'\] must be an int >= 0, got True"),
+    "consumed_float": (["consumed"], 2.0, r"state\['consumed'\] must be a non-negative int, got 2.0"),
+    "consumed_bool": (["consumed"], True, r"state\['consumed'\] must be a non-negative int, got True"),
     "consumed_past_the_epoch": (
         ["consumed"],
         10**6,
@@ -519,8 +519,8 @@ MALFORMED = {  # (path, value, what the message must say)
         r"got 1000000",
     ),
     "consumed_one_past_the_epoch": (["consumed"], 7, r"in \[0, 6\].*got 7"),
-    "epoch_str": (["epoch"], "1", r"state\['epoch'\] must be an int >= 0, got '1' \(str\)"),
-    "epoch_none": (["epoch"], None, r"state\['epoch'\] must be an int >= 0, got None"),
+    "epoch_str": (["epoch"], "1", r"state\['epoch'\] must be a non-negative int, got '1' \(str\)"),
+    "epoch_none": (["epoch"], None, r"state\['epoch'\] must be a non-negative int, got None"),
     "epoch_other_than_the_samplers": (["epoch"], 2, r"state\['sampler'\]\['epoch'\] must be 2"),
     "missing_consumed": (["consumed"], _DELETE, r"lacks the field\(s\) \['consumed'\]"),
     "missing_sampler": (["sampler"], _DELETE, r"lacks the field\(s\) \['sampler'\]"),

@@ -11,8 +11,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from shardloader import _alloc, batchify
-from shardloader._shm import ND, ArrayRef, SlotRing, SlotTable
+from shardloader import batchify
+from shardloader._engine.ipc import alloc as _alloc
+from shardloader._engine.ipc.shm import ND, ArrayRef, SlotRing, SlotTable
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,14 +23,14 @@ learns about it.
 from __future__ import annotations
 
 import itertools
-import numbers
 import weakref
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 from mxnet.gluon.data.sampler import Sampler as _GluonSampler
 
-from .._seeding import epoch_rng, fresh_seed
+from .._engine.seeding import epoch_rng, fresh_seed
+from .._validate import check_bool, check_int
 
 __all__ = [
     "Sampler",
@@ -43,49 +43,7 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
-# Argument checks shared by every sampler module.
-
-
-def check_int(name: str, value: Any, minimum: Optional[int] = 0) -> int:
-    """``value`` as an ``int`` no smaller than ``minimum``, or a ``TypeError``/``ValueError``."""
-    if minimum is None:
-        accepted = "an int"
-    elif minimum == 0:
-        accepted = "a non-negative int"
-    elif minimum == 1:
-        accepted = "a positive int"
-    else:
-        accepted = f"an int >= {minimum}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    return int(value)
-
-
-def check_number(name: str, value: Any, minimum: float) -> float:
-    """``value`` as a ``float`` no smaller than ``minimum``, or a ``TypeError``/``ValueError``."""
-    accepted = f"a number >= {minimum:g}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
-    if not value >= minimum:
-        raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    return float(value)
-
-
-def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
-    """``value`` if it is one of ``choices``, else a ``ValueError`` listing them."""
-    if not isinstance(value, str) or value not in choices:
-        listed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name} must be one of {listed}, got {value!r}")
-    return value
-
-
-def check_bool(name: str, value: Any) -> bool:
-    """``value`` if it is a bool (numpy's included), else a ``TypeError``."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-    return bool(value)
+# Argument checks shared by every sampler module (the generic ones are in shardloader._validate).
 
 
 def check_seed(seed: Any, random: bool = True) -> Optional[int]:
@@ -128,19 +86,19 @@ class StateTypeError(ValueError, TypeError):
     """
 
 
+def check_state_int(name: str, value: Any, minimum: Optional[int] = 0) -> int:
+    """``check_int`` for a field of a saved state: a value of the wrong type raises a
+    ``StateTypeError``, so that code catching either ``ValueError`` or ``TypeError`` sees it."""
+    try:
+        return check_int(name, value, minimum)
+    except TypeError as exc:
+        raise StateTypeError(str(exc)) from None
+
+
 def state_int(state: Dict[str, Any], key: str, owner: str, minimum: Optional[int] = 0) -> int:
-    """``state[key]`` as an ``int`` no smaller than ``minimum``, or a ``ValueError`` (a
-    ``StateTypeError`` for another type) naming the field, the range and the value."""
+    """``state[key]`` as an ``int`` no smaller than ``minimum``, naming the field on error."""
     value = state_value(state, key, owner)
-    accepted = "an int" if minimum is None else f"an int >= {minimum}"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise StateTypeError(
-            f"{owner} state_dict[{key!r}] must be {accepted}, got {value!r} "
-            f"({type(value).__name__})"
-        )
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{owner} state_dict[{key!r}] must be {accepted}, got {value!r}")
-    return int(value)
+    return check_state_int(f"{owner} state_dict[{key!r}]", value, minimum)
 
 
 def same_value(a: Any, b: Any) -> bool:

@@ -19,12 +19,11 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from .._validate import check_choice, check_int
 from ._base import (
     FilledStep,
     Sampler,
     _WrapperMixin,
-    check_choice,
-    check_int,
     check_sampler,
     plain,
     state_value,

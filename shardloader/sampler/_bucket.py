@@ -14,15 +14,12 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._seeding import epoch_rng
+from .._engine.seeding import epoch_rng
+from .._validate import check_bool, check_choice, check_int, check_number
 from ._base import (
     FilledStep,
     Sampler,
     _SeededMixin,
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
     check_seed,
 )
 from ._batch import fill_step

@@ -15,7 +15,7 @@ from typing import Any, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._base import check_int
+from .._validate import check_int
 
 __all__ = ["BucketScheme", "ConstWidthBucket", "LinearWidthBucket", "ExpWidthBucket"]
 

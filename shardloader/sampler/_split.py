@@ -17,13 +17,12 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._seeding import epoch_rng
+from .._engine.seeding import epoch_rng
+from .._validate import check_bool, check_int
 from ._base import (
     Sampler,
     _SeededMixin,
     _WrapperMixin,
-    check_bool,
-    check_int,
     check_sampler,
     check_seed,
 )

@@ -208,7 +208,7 @@ def _add_bench(subparsers) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``shardloader`` argument parser, with its ``demo`` and ``bench`` subcommands."""
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="shardloader",

@@ -46,17 +46,17 @@ from typing import Any, Callable, ContextManager, List, NamedTuple, Optional, Se
 
 import numpy as np
 
-from . import _alloc
-from ._errors import RemoteError
-from ._lifeline import parent_death_signal, start_lifeline
-from ._seeding import (
+from .._errors import RemoteError
+from .ipc import alloc as _alloc
+from .ipc.shm import SLOT_MEMFD_PATH, SlotRing, drop_inherited_slot_mappings
+from .lifeline import parent_death_signal, start_lifeline
+from .seeding import (
     GlobalRNGState,
     derive_seed,
     seed_all,
     seed_mxnet,
     seed_python_and_numpy,
 )
-from ._shm import SLOT_MEMFD_PATH, SlotRing, drop_inherited_slot_mappings
 
 # How often an idle worker process checks that its parent is still alive.
 _PARENT_CHECK_INTERVAL_S = 0.5

@@ -14,6 +14,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .._validate import check_choice, check_int
+
 LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
 ON_WORKER_DEATH_CHOICES = ("raise", "restart")
 MXNET_SEED_CHOICES = ("batch", "sample")
@@ -45,22 +47,6 @@ class LoaderOptions:
     # messages; and try_nopython, which only MXNet 2.x accepts as True.
     ctx_name: str = "ctx"
     try_nopython: Optional[bool] = None
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"{name} must be an int >= {minimum}, got {value!r} (type {type(value).__name__})"
-        )
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return int(value)
-
-
-def _choice(name: str, value: Any, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
-    return value
 
 
 def check_dataset(dataset: Any) -> int:
@@ -106,18 +92,18 @@ def validate(
     device=None,
 ) -> LoaderOptions:
     """Check every argument of ``shardloader.ShardedDataLoader``."""
-    from ._compat import MX2
-    from ._device import device_argument
+    from .._compat import MX2
+    from .device import device_argument
 
     ctx, ctx_name = device_argument(ctx, device)
     if batch_sampler is None:
         if batch_size is None:
             raise ValueError("batch_size must be specified unless batch_sampler is specified")
-        batch_size = _int("batch_size", batch_size, 1)
+        batch_size = check_int("batch_size", batch_size, 1)
         if sampler is not None and shuffle:
             raise ValueError("shuffle must not be specified if sampler is specified")
         if last_batch is not None:
-            _choice("last_batch", last_batch, LAST_BATCH_CHOICES)
+            check_choice("last_batch", last_batch, LAST_BATCH_CHOICES)
     elif batch_size is not None or shuffle or sampler is not None or last_batch is not None:
         raise ValueError(
             "batch_size, shuffle, sampler and last_batch must not be specified "
@@ -127,11 +113,11 @@ def validate(
         raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
     if worker_init_fn is not None and not callable(worker_init_fn):
         raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
-    num_workers = _int("num_workers", num_workers, 0)
-    pin_device_id = _int("pin_device_id", pin_device_id, 0)
+    num_workers = check_int("num_workers", num_workers, 0)
+    pin_device_id = check_int("pin_device_id", pin_device_id, 0)
     if prefetch is None:
         prefetch = 2 * num_workers
-    prefetch = _int("prefetch", prefetch, 0)
+    prefetch = check_int("prefetch", prefetch, 0)
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
             raise TypeError(
@@ -154,18 +140,18 @@ def validate(
             "worker processes already avoid Python overhead on the transfer path)"
         )
     if seed is not None:
-        seed = _int("seed", seed, 0)
-    _choice("mxnet_seed", mxnet_seed, MXNET_SEED_CHOICES)
-    num_shards = _int("num_shards", num_shards, 0)
-    num_parts = _int("num_parts", num_parts, 1)
-    part_index = _int("part_index", part_index, 0)
+        seed = check_int("seed", seed, 0)
+    check_choice("mxnet_seed", mxnet_seed, MXNET_SEED_CHOICES)
+    num_shards = check_int("num_shards", num_shards, 0)
+    num_parts = check_int("num_parts", num_parts, 1)
+    part_index = check_int("part_index", part_index, 0)
     if part_index >= num_parts:
         raise ValueError(f"part_index must be in [0, num_parts={num_parts}), got {part_index}")
     methods = mp.get_all_start_methods()
     if start_method is None:
         start_method = "fork" if "fork" in methods else mp.get_start_method()
-    _choice("start_method", start_method, methods)
-    _choice("on_worker_death", on_worker_death, ON_WORKER_DEATH_CHOICES)
+    check_choice("start_method", start_method, methods)
+    check_choice("on_worker_death", on_worker_death, ON_WORKER_DEATH_CHOICES)
     if ctx is not None and pin_memory:
         raise ValueError(
             f"pin_memory and {ctx_name} must not both be given: {ctx_name} already places "

@@ -20,15 +20,15 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
-from ._errors import (
+from .._errors import (
     ClosedIteratorError,
     LoaderTimeoutError,
     WorkerDiedError,
     describe_exitcode,
     short_indices,
 )
-from ._pool import Result, Task, WorkerLost
-from ._reorder import ReorderBuffer
+from .pools import Result, Task, WorkerLost
+from .reorder import ReorderBuffer
 
 # Longest single wait on the pool before re-checking deadlines and worker health.
 _POLL_INTERVAL_S = 0.25

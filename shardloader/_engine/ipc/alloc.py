@@ -235,7 +235,7 @@ def host_view(array) -> Optional[np.ndarray]:
     array is the caller's business: use it at once, as ``asnumpy`` would."""
     if getattr(array, "stype", "default") != "default":
         return None
-    from ._compat import device_of
+    from ..._compat import device_of
 
     if device_of(array).device_type not in HOST_DEVICES:
         return None
@@ -327,7 +327,7 @@ class _Native:
         self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
         from mxnet.base import _LIB
 
-        from ._compat import dlpack_importer
+        from ..._compat import dlpack_importer
 
         self.from_dlpack = dlpack_importer(_LIB)
 

@@ -182,11 +182,11 @@ def _one_line(exc: BaseException) -> str:
 def _load_dataset(args: argparse.Namespace) -> Tuple[Any, str, Optional[Callable]]:
     """The dataset, a description of it, and the batchify function both loaders get."""
     if args.recordio:
-        from .recordio import ImageRecordDataset, RecordDataset
+        from ..recordio import ImageRecordDataset, RecordDataset
 
         _check_record_files(args.recordio)
         if args.raw:
-            from .batchify import List as ListBatchify
+            from ..batchify import List as ListBatchify
 
             return RecordDataset(args.recordio), f"raw records of {args.recordio}", ListBatchify()
         if getattr(args, "no_transform", False):
@@ -439,7 +439,7 @@ def _shuffled(args: argparse.Namespace) -> bool:
 def _factories(dataset, batchify_fn, args) -> Dict[str, Callable[[int], Any]]:
     from mxnet import gluon
 
-    from . import ShardedDataLoader
+    from .. import ShardedDataLoader
 
     common = dict(batch_size=args.batch_size, shuffle=_shuffled(args), thread_pool=args.thread_pool)
     if batchify_fn is not None:

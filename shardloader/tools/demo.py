@@ -21,11 +21,11 @@ import numpy as np
 from mxnet import autograd, gluon
 from tqdm import tqdm
 
-from . import ShardedDataLoader
-from ._compat import DeviceType, to_device
+from .. import ShardedDataLoader
+from .._compat import DeviceType, to_device
+from ..recordio import ImageRecordDataset
 from .demo_data import CLASSES, IMAGE_SIZE, prepare
 from .demo_state import Checkpoint
-from .recordio import ImageRecordDataset
 
 __all__ = ["Augment", "build_net", "run"]
 

@@ -21,8 +21,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.ndarray import NDArray
 
-from ._alloc import HOST_DEVICES, host_view
-from ._compat import DEVICE_ARG, DeviceType, device_of, is_device, to_device
+from .._compat import DEVICE_ARG, DeviceType, device_of, is_device, to_device
+from .ipc.alloc import HOST_DEVICES, host_view
 
 __all__ = ["device_argument", "normalize_ctx", "pin", "place", "place_shards", "wait_to_read"]
 

@@ -160,7 +160,7 @@ def prepare(
     DemoData
         ``{"train": path, "test": path}`` to the ``.rec`` files, with ``rebuilt`` set.
     """
-    from .recordio import pack_images
+    from ..recordio import pack_images
 
     expected = _expected(train_size, test_size)
     data = DemoData(train=_files(cache_dir, "train")[0], test=_files(cache_dir, "test")[0])

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
-from ._alloc import as_ndarray, host_view, reap_some
+from .alloc import as_ndarray, host_view, reap_some
 
 _ALIGN = 64
 # Headroom over the last batch's size, so slightly larger batches reuse the slot.

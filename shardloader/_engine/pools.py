@@ -33,9 +33,9 @@ import weakref
 from multiprocessing import connection, reduction
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ._errors import ReadyError, RemoteError, WorkerError, short_indices
-from ._shm import SlotTable
-from ._worker import (
+from .._errors import ReadyError, RemoteError, WorkerError, short_indices
+from .ipc.shm import SlotTable
+from .worker import (
     BatchMaker,
     WorkerInfo,
     _info,

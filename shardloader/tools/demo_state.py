@@ -18,7 +18,7 @@ import re
 import tempfile
 from typing import Any, Dict, List, Optional
 
-from ._compat import DeviceType
+from .._compat import DeviceType
 
 __all__ = ["Checkpoint", "CheckpointMismatch", "CheckpointCorrupt"]
 
