@@ -11,7 +11,8 @@ option go through it, so the numbers are comparable by construction.
   just before ``iter(loader)`` to its ``StopIteration``: it includes filling the prefetch
   queue and ending the epoch. Throughput is timed samples over the timed epochs' wall time.
 - **Touching the data.** Every step goes through ``adapt`` (the user's per-step work, e.g.
-  ``split_and_load`` for Gluon on W4), then ``wait_to_read()`` on every NDArray in it, so
+  ``split_and_load`` for Gluon on W4), then ``wait_to_read()`` on every NDArray in it
+  (:func:`shardloader.tools.measure.touch`, which ``shardloader bench`` uses too), so
   asynchronous copies are paid for where they happen and lazy evaluation cannot flatter
   anyone.
 - **Batch latency** is the time from calling ``next()`` until the step is adapted and every
@@ -19,9 +20,10 @@ option go through it, so the numbers are comparable by construction.
 - **First-batch latency** runs from just before the loader is constructed to the first
   readable batch of the first epoch.
 - **Peak RSS** is the largest sum of RSS over this process and all of its descendants
-  (workers, and their helpers), sampled every 5 ms by a background psutil thread from just
-  before the loader is constructed until the last timed epoch ends. Shared pages count once per
-  process that maps them; ``peak_pss_mb`` (sampled every 100 ms) counts them once in all.
+  (workers, and their helpers), sampled every 5 ms by a background psutil thread
+  (:class:`shardloader.tools.measure.PeakMemory`) from just before the loader is constructed
+  until the last timed epoch ends. Shared pages count once per process that maps them;
+  ``peak_pss_mb`` (sampled every 100 ms) counts them once in all.
 
 :func:`run_isolated` runs one :class:`~benchmarks.workloads.Case` in a fresh process, forked
 from a fork server that has imported MXNet and nothing else, with a deadline: no run inherits
@@ -35,7 +37,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 import traceback
 import warnings
@@ -43,105 +44,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["PeakMemory", "time_loader", "run_isolated", "touch", "count_samples"]
+__all__ = ["time_loader", "run_isolated"]
 
 _MB = 1024.0 * 1024.0
-_RSS_INTERVAL_S = 0.005
-_PSS_EVERY = 20  # samples between PSS readings (100 ms): smaps_rollup costs ~0.4 ms/process
-_CHILDREN_REFRESH_S = 0.05  # listing descendants walks /proc (~0.5 ms)
 _KILL_GRACE_S = 5.0
 _LEFTOVER_GRACE_S = 2.0  # how long a finished run's workers may take to exit
 _MIN_TIMED_S = 0.5  # timed epochs add up to at least this much wall time
 _MAX_TIMED_EPOCHS = 20
-
-
-class PeakMemory:
-    """Background thread recording the peak RSS (and PSS) of this process tree.
-
-    >>> with PeakMemory() as mem:
-    ...     block = bytearray(64 << 20)
-    >>> mem.peak_rss_mb >= mem.base_rss_mb
-    True
-    """
-
-    def __init__(self, interval_s: float = _RSS_INTERVAL_S) -> None:
-        import psutil
-
-        self._psutil = psutil
-        self._interval_s = interval_s
-        self._me = psutil.Process()
-        self._procs: Dict[int, Any] = {self._me.pid: self._me}
-        self._refreshed = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-peak-memory", daemon=True)
-        self.base_rss_mb = 0.0
-        self.peak_rss_mb = 0.0
-        self.peak_pss_mb = 0.0
-        self.peak_processes = 1
-        self.samples = 0
-
-    def __enter__(self) -> PeakMemory:
-        self.base_rss_mb = self._sample(with_pss=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample(with_pss=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self._sample(with_pss=self.samples % _PSS_EVERY == 0)
-
-    def _sample(self, with_pss: bool) -> float:
-        now = time.monotonic()
-        if now - self._refreshed > _CHILDREN_REFRESH_S:
-            self._refreshed = now
-            try:
-                kids = self._me.children(recursive=True)
-            except self._psutil.Error:
-                kids = []
-            alive = {self._me.pid: self._me}
-            for kid in kids:  # keep the Process objects: they cache their /proc handles
-                alive[kid.pid] = self._procs.get(kid.pid, kid)
-            self._procs = alive
-        rss = pss = 0
-        for proc in list(self._procs.values()):
-            try:
-                rss += proc.memory_info().rss
-                if with_pss:
-                    pss += proc.memory_full_info().pss
-            except self._psutil.Error:  # exited between listing and reading
-                continue
-        self.samples += 1
-        self.peak_rss_mb = max(self.peak_rss_mb, rss / _MB)
-        if with_pss:
-            self.peak_pss_mb = max(self.peak_pss_mb, pss / _MB)
-        self.peak_processes = max(self.peak_processes, len(self._procs))
-        return rss / _MB
-
-
-def touch(batch: Any) -> int:
-    """Wait until every NDArray in ``batch`` is readable; return the bytes it carries."""
-    if isinstance(batch, (list, tuple)):
-        return sum(touch(b) for b in batch)
-    if isinstance(batch, dict):
-        return sum(touch(b) for b in batch.values())
-    wait = getattr(batch, "wait_to_read", None)
-    if wait is not None:  # an mxnet NDArray: size * itemsize (it has no nbytes)
-        wait()
-        return int(batch.size) * np.dtype(batch.dtype).itemsize
-    return int(getattr(batch, "nbytes", 0))  # numpy arrays and torch tensors
-
-
-def count_samples(batch: Any) -> int:
-    """Samples in a step: a batch is ``(data, label, ...)``; a sharded step is a list of
-    such batches."""
-    first = batch[0]
-    if isinstance(first, (list, tuple)):
-        return sum(count_samples(shard) for shard in batch)
-    return int(first.shape[0])
 
 
 def _percentile_us(values: List[float], q: float) -> Optional[float]:
@@ -151,6 +60,8 @@ def _percentile_us(values: List[float], q: float) -> Optional[float]:
 def _epoch(
     loader: Any, adapt: Optional[Callable[[Any], Any]], check: Optional[Callable[[Any], None]]
 ) -> Dict[str, Any]:
+    from shardloader.tools.measure import count_step_samples, touch  # see time_loader
+
     latencies: List[float] = []
     samples = nbytes = 0
     first_ready: Optional[float] = None
@@ -171,7 +82,7 @@ def _epoch(
             first_ready = ready
             if check is not None:
                 check(batch)
-        samples += count_samples(batch)
+        samples += count_step_samples(batch)
         del batch  # drop the step before waiting for the next, as a training loop does
     wall = time.perf_counter() - start
     return {
@@ -223,6 +134,11 @@ def time_loader(
         raise ValueError(
             f"need warmup_epochs >= 0 and max_epochs >= 1, got {warmup_epochs}, {max_epochs}"
         )
+    # Imported by the measuring process only: importing shardloader imports MXNet, which the
+    # benchmark's main process (benchmarks.run) never does, so as not to change its own
+    # state, the W3 calibration included.
+    from shardloader.tools.measure import PeakMemory
+
     warm: List[Dict[str, Any]] = []
     timed: List[Dict[str, Any]] = []
     with PeakMemory() as mem:
@@ -305,7 +221,7 @@ _PRELOAD = [
     "shardloader",
     # Imported lazily by the loader: preloading them too makes every run of a benchmark use
     # the code as it was when the benchmark started, even if it is edited meanwhile.
-    "shardloader._engine.ipc.shm",
+    "shardloader._engine.ipc.table",
     "shardloader._engine.device",
     "shardloader.prefetch",
     "benchmarks.workloads",

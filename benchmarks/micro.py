@@ -7,7 +7,7 @@ one batch by
 - ``memcpy``: ``np.copyto`` of each sample's bytes (a numpy view of the NDArray's memory,
   taken once, up front) into a pre-faulted buffer: the floor for any stacking;
 - ``ours``: shardloader's ``default_batchify_fn`` inside ``_alloc.allocating(alloc,
-  raw=True)``, whose allocator hands out views of the same pre-faulted buffer: what a worker
+  numpy_out=True)``, whose allocator hands out views of the same pre-faulted buffer: what a worker
   process does with its reused shared-memory slot;
 - ``gluon``: Gluon's ``default_batchify_fn`` (``nd.stack`` into MXNet's pooled memory), what
   Gluon runs inline and with thread workers;
@@ -51,6 +51,7 @@ def stacking(
     import mxnet as mx
 
     from shardloader._engine.ipc import alloc as _alloc
+    from shardloader._engine.ipc import lease
     from shardloader.batchify import default_batchify_fn
 
     from .workloads import mxnet_2
@@ -71,7 +72,7 @@ def stacking(
     per_sample = int(np.prod(shape)) * 4
     nbytes = samples * per_sample
     slot = _prefaulted(nbytes)
-    views = [_alloc.host_view(a) for a in arrays]  # the NDArrays' own memory, for memcpy
+    views = [lease.host_view(a) for a in arrays]  # the NDArrays' own memory, for memcpy
     dest = slot.view(np.float32).reshape((samples, *shape))
 
     def alloc(shape_: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -83,7 +84,7 @@ def stacking(
             np.copyto(dest[k], view)
 
     def ours() -> None:
-        with _alloc.allocating(alloc, raw=True):
+        with _alloc.allocating(alloc, numpy_out=True):
             out = default_batchify_fn(arrays)
         if out.ctypes.data != slot.ctypes.data:
             raise RuntimeError("shardloader's batchify did not stack into the given buffer")

@@ -22,8 +22,10 @@ This module sits below everything else: it imports MXNet and nothing of ours.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
-from typing import Any, Tuple
+from typing import Any, Callable, Tuple
 
 import mxnet as mx
 
@@ -36,6 +38,7 @@ __all__ = [
     "device_of",
     "to_device",
     "dlpack_importer",
+    "gluon_positional_order",
 ]
 
 MX_VERSION: Tuple[int, int] = tuple(int(n) for n in re.findall(r"\d+", mx.__version__)[:2])  # type: ignore[assignment]
@@ -83,3 +86,30 @@ def dlpack_importer(lib: Any) -> Any:
     """
     entry = getattr(lib, "MXNDArrayFromDLPackEx", None)
     return entry if entry is not None else lib.MXNDArrayFromDLPack
+
+
+def gluon_positional_order(init: Callable) -> Callable:
+    """``init`` with the positional parameters of the installed MXNet's Gluon DataLoader.
+
+    ``ShardedDataLoader.__init__`` is written with MXNet 1.x's order, whose 14th parameter is
+    ``auto_reload``. MXNet 2.x's Gluon has no ``auto_reload`` and its 14th parameter is
+    ``try_nopython``; there ``auto_reload`` becomes keyword-only, so that a positional call
+    written for either version's Gluon means the same here.
+    """
+    if not MX2:
+        return init
+    signature = inspect.signature(init)
+    params = [p for p in signature.parameters.values() if p.name != "auto_reload"]
+    first_keyword = next(i for i, p in enumerate(params) if p.kind is p.KEYWORD_ONLY)
+    moved = signature.parameters["auto_reload"].replace(kind=inspect.Parameter.KEYWORD_ONLY)
+    params.insert(first_keyword, moved)
+    gluon_order = signature.replace(parameters=params)
+
+    @functools.wraps(init)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        arguments = gluon_order.bind(self, *args, **kwargs).arguments
+        arguments.pop("self")
+        init(self, **arguments)
+
+    __init__.__signature__ = gluon_order  # type: ignore[attr-defined]
+    return __init__

@@ -8,26 +8,26 @@ batches handed out, stats, checkpoint state). The stages live in their own modul
 
 from __future__ import annotations
 
-import functools
-import inspect
 import itertools
 import multiprocessing as mp
-import threading
-import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from mxnet.gluon.data import DataLoader as _GluonDataLoader
 
+from . import _checkpoint
 from . import batchify as _batchify
-from ._compat import MX2
+from ._compat import MX2, gluon_positional_order
 from ._engine import interrupts as _interrupts
 from ._engine import options as _options
-from ._engine.device import pin
-from ._engine.epoch import Hub, InlineEpoch, PooledEpoch, Stats
+from ._engine.batch import BatchMaker
+from ._engine.device import check_shards_fit, pin_context, placement, require_steps
+from ._engine.epoch import InlineEpoch, LoaderEpoch, PooledEpoch
+from ._engine.gluon_cpp import cpp_pipeline
 from ._engine.ipc.alloc import numpy_flags
 from ._engine.pools import ProcessPool, ThreadPool
-from ._engine.worker import BatchMaker, is_sharded
+from ._engine.router import Router
+from ._engine.stats import Stats
 from ._errors import ClosedIteratorError
 from ._validate import check_int
 from .sampler import (
@@ -39,46 +39,6 @@ from .sampler import (
 )
 
 __all__ = ["ShardedDataLoader", "DataLoader"]
-
-_STATE_VERSION = 1
-# The fields of ShardedDataLoader.state_dict(), all required by load_state_dict().
-_STATE_KEYS = (
-    "version",
-    "epoch",
-    "consumed",
-    "sampler",
-    "seed",
-    "dataset_len",
-    "batch_size",
-    "sampler_type",
-)
-
-
-def _gluon_positional_order(init: Callable) -> Callable:
-    """``init`` with the positional parameters of the installed MXNet's Gluon DataLoader.
-
-    ``ShardedDataLoader.__init__`` is written with MXNet 1.x's order, whose 14th parameter is
-    ``auto_reload``. MXNet 2.x's Gluon has no ``auto_reload`` and its 14th parameter is
-    ``try_nopython``; there ``auto_reload`` becomes keyword-only, so that a positional call
-    written for either version's Gluon means the same here.
-    """
-    if not MX2:
-        return init
-    signature = inspect.signature(init)
-    params = [p for p in signature.parameters.values() if p.name != "auto_reload"]
-    first_keyword = next(i for i, p in enumerate(params) if p.kind is p.KEYWORD_ONLY)
-    moved = signature.parameters["auto_reload"].replace(kind=inspect.Parameter.KEYWORD_ONLY)
-    params.insert(first_keyword, moved)
-    gluon_order = signature.replace(parameters=params)
-
-    @functools.wraps(init)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        arguments = gluon_order.bind(self, *args, **kwargs).arguments
-        arguments.pop("self")
-        init(self, **arguments)
-
-    __init__.__signature__ = gluon_order  # type: ignore[attr-defined]
-    return __init__
 
 
 class ShardedDataLoader(_GluonDataLoader):
@@ -180,7 +140,7 @@ class ShardedDataLoader(_GluonDataLoader):
     [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
     """
 
-    @_gluon_positional_order
+    @gluon_positional_order
     def __init__(
         self,
         dataset: Any,
@@ -211,33 +171,9 @@ class ShardedDataLoader(_GluonDataLoader):
         on_worker_death: str = "raise",
         device: Any = None,
     ) -> None:
-        opts = _options.validate(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            last_batch=last_batch,
-            batch_sampler=batch_sampler,
-            batchify_fn=batchify_fn,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            pin_device_id=pin_device_id,
-            prefetch=prefetch,
-            thread_pool=thread_pool,
-            timeout=timeout,
-            auto_reload=auto_reload,
-            try_nopython=try_nopython,
-            seed=seed,
-            mxnet_seed=mxnet_seed,
-            num_shards=num_shards,
-            num_parts=num_parts,
-            part_index=part_index,
-            even_size=even_size,
-            worker_init_fn=worker_init_fn,
-            start_method=start_method,
-            ctx=ctx,
-            on_worker_death=on_worker_death,
-            device=device,
-        )
+        # Every parameter but the dataset, as given, validated in one place (options).
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "dataset")}
+        opts = _options.validate(**arguments)
         self._opts = opts
         self._dataset = dataset
         self._length = _options.check_dataset(dataset)
@@ -250,7 +186,33 @@ class ShardedDataLoader(_GluonDataLoader):
                 "num_parts > 1 with shuffle=True needs seed=<int>, so that every machine "
                 "draws the same permutation and the parts stay disjoint"
             )
+        self._stats = Stats()
         self._batch_sampler = self._build_batch_sampler(sampler, batch_sampler)
+        self._set_batchify(batchify_fn, dataset, sampler, batch_sampler, start_method)
+        _interrupts.install()
+        # Like Gluon, workers take MXNet's numpy mode from when the loader was made; inline
+        # loading follows the consuming thread's mode at each batch.
+        self._numpy_flags = numpy_flags()
+        self._ctx = placement(opts.ctx, opts.ctx_name)
+        self._pin = pin_context(opts.pin_memory, opts.pin_device_id)
+        check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
+        self._router: Optional[Router] = None
+        self._closed = False
+        self._next_epoch = 0
+        self._resume: Optional[Dict[str, Any]] = None
+        # Where the epoch being consumed stands: for state_dict().
+        self._position: Dict[str, Any] = {
+            "epoch": 0,
+            "consumed": 0,
+            "sampler": _checkpoint.sampler_state(self._batch_sampler),
+        }
+        self._prestarted: Optional[LoaderEpoch] = None
+        self._open: weakref.WeakSet[LoaderEpoch] = weakref.WeakSet()
+        if opts.auto_reload:
+            self._prestarted = self._start_epoch()
+
+    # ------------------------------------------------------------------ construction
+    def _set_batchify(self, batchify_fn, dataset, sampler, batch_sampler, start_method) -> None:
         if batchify_fn is None:
             # Gluon's default: default_batchify_fn in MXNet 1.x, batchify.Stack() in 2.x,
             # which splits list samples into fields as it does tuples.
@@ -259,31 +221,16 @@ class ShardedDataLoader(_GluonDataLoader):
         # What the workers run: Gluon's own batchify functions swapped for ours.
         self._batch_fn = _batchify.gluon_equivalent(batchify_fn)
         # MXNet 2.x's C++ pipeline, when try_nopython=True asks for it and Gluon can use it.
-        self._cpp = _cpp_pipeline(opts, dataset, sampler, batch_sampler, batchify_fn, start_method)
-        _interrupts.install()
-        # Like Gluon, workers take MXNet's numpy mode from when the loader was made; inline
-        # loading follows the consuming thread's mode at each batch.
-        self._numpy_flags = numpy_flags()
-        self._ctx = _placement(opts)
-        self._pin = _pin_context(opts)
-        _check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
-        self._stats = Stats()
-        self._hub: Optional[Hub] = None
-        self._closed = False
-        self._next_epoch = 0
-        self._resume: Optional[Dict[str, Any]] = None
-        # Where the epoch being consumed stands: for state_dict().
-        self._position: Dict[str, Any] = {
-            "epoch": 0,
-            "consumed": 0,
-            "sampler": _sampler_state(self._batch_sampler),
-        }
-        self._prestarted: Optional[_EpochIterator] = None
-        self._open: weakref.WeakSet[_EpochIterator] = weakref.WeakSet()
-        if opts.auto_reload:
-            self._prestarted = self._start_epoch()
+        self._cpp = cpp_pipeline(
+            self._opts,
+            dataset,
+            sampler,
+            batch_sampler,
+            batchify_fn,
+            start_method,
+            default_batchify=isinstance(batchify_fn, _batchify._FieldStack),
+        )
 
-    # ------------------------------------------------------------------ construction
     def _build_batch_sampler(self, sampler, batch_sampler):
         opts = self._opts
         if batch_sampler is None:
@@ -312,12 +259,12 @@ class ShardedDataLoader(_GluonDataLoader):
             watch(self, "_stats")  # samples repeated to fill a step go to stats()
         return batch_sampler
 
-    def _get_hub(self) -> Hub:
-        hub = self._hub
-        if hub is not None and hub.broken is None and not hub.pool.closed:
-            return hub
-        if hub is not None:
-            hub.pool.close()  # a dead or stuck worker: start over with a fresh pool
+    def _get_router(self) -> Router:
+        router = self._router
+        if router is not None and router.broken is None and not router.pool.closed:
+            return router
+        if router is not None:
+            router.pool.close()  # a dead or stuck worker: start over with a fresh pool
         opts = self._opts
         if not opts.thread_pool and mp.current_process().daemon:
             raise RuntimeError(
@@ -331,18 +278,18 @@ class ShardedDataLoader(_GluonDataLoader):
             opts.num_workers,
             self._dataset,
             self._batch_fn,
-            raw=_batchify.is_native(self._batch_fn),
+            native_batchify=_batchify.is_native(self._batch_fn),
             seed=opts.seed,
             worker_init_fn=opts.worker_init_fn,
             start_method=opts.start_method,
             mxnet_per_sample=opts.mxnet_seed == "sample",
             numpy_flags=self._numpy_flags,
         )
-        self._hub = Hub(pool, opts.on_worker_death, self._stats)
-        return self._hub
+        self._router = Router(pool, opts.on_worker_death, self._stats)
+        return self._router
 
     # ------------------------------------------------------------------ epochs
-    def _start_epoch(self) -> _EpochIterator:
+    def _start_epoch(self) -> LoaderEpoch:
         if self._closed:
             raise ClosedIteratorError("Trying to iterate a closed ShardedDataLoader")
         epoch, skip, sampler_state = self._next_epoch, 0, None
@@ -356,10 +303,10 @@ class ShardedDataLoader(_GluonDataLoader):
             bs.load_state_dict(sampler_state)
         if hasattr(bs, "set_epoch"):
             bs.set_epoch(epoch)
-        start_state = _sampler_state(bs)
+        start_state = _checkpoint.sampler_state(bs)
         items = itertools.islice(enumerate(bs), skip, None)
         if isinstance(self._ctx, list):
-            items = _require_steps(items, len(self._ctx), self._opts.ctx_name)
+            items = require_steps(items, len(self._ctx), self._opts.ctx_name)
         opts = self._opts
         # An empty dataset has no batches (as in Gluon): no worker is started for it. A batch
         # sampler that yields an index anyway gets the usual IndexError, inline.
@@ -369,7 +316,7 @@ class ShardedDataLoader(_GluonDataLoader):
             source = InlineEpoch(items, self._inline_maker(epoch), self._stats)
         else:
             source = PooledEpoch(
-                self._get_hub(), items, skip, epoch, opts.prefetch, opts.timeout, self._stats
+                self._get_router(), items, skip, epoch, opts.prefetch, opts.timeout, self._stats
             )
         if self._ctx is not None:
             from .prefetch import DevicePrefetcher
@@ -378,7 +325,7 @@ class ShardedDataLoader(_GluonDataLoader):
                 source
             )
         pin = None if self._cpp is not None else self._pin
-        it = _EpochIterator(self, source, epoch, skip, start_state, pin)
+        it = LoaderEpoch(self, source, epoch, skip, start_state, pin, self._stats)
         self._open.add(it)
         return it
 
@@ -402,11 +349,15 @@ class ShardedDataLoader(_GluonDataLoader):
         self._position = {"epoch": it.epoch, "consumed": it.consumed, "sampler": it.start_state}
         return it
 
-    def _epoch_finished(self, it: _EpochIterator) -> None:
+    def _batch_consumed(self, it: LoaderEpoch) -> None:
+        if self._position.get("epoch") == it.epoch:
+            self._position["consumed"] = it.consumed
+
+    def _epoch_finished(self, it: LoaderEpoch) -> None:
         self._position = {
             "epoch": it.epoch + 1,
             "consumed": 0,
-            "sampler": _sampler_state(self._batch_sampler),
+            "sampler": _checkpoint.sampler_state(self._batch_sampler),
         }
         if self._opts.auto_reload and self._prestarted is None and not self._closed:
             self._prestarted = self._start_epoch()
@@ -443,7 +394,7 @@ class ShardedDataLoader(_GluonDataLoader):
         """
         self._refuse_with_cpp("state_dict()")
         return {
-            "version": _STATE_VERSION,
+            "version": _checkpoint.STATE_VERSION,
             "epoch": self._position["epoch"],
             "consumed": self._position["consumed"],
             "sampler": self._position["sampler"],
@@ -467,7 +418,9 @@ class ShardedDataLoader(_GluonDataLoader):
             anything changes, so a refused state leaves the loader as it was.
         """
         self._refuse_with_cpp("load_state_dict()")
-        resume = self._checked_state(state)
+        resume = _checkpoint.check_state(
+            state, self.state_dict(), self._batch_sampler, self._length
+        )
         if self._prestarted is not None:
             self._prestarted.close()
             self._prestarted = None
@@ -482,97 +435,6 @@ class ShardedDataLoader(_GluonDataLoader):
                 "batches come from MXNet's C++ pipeline, whose order shardloader can neither "
                 "record nor replay; use try_nopython=None to checkpoint mid-epoch"
             )
-
-    def _checked_state(self, state: Any) -> Dict[str, Any]:
-        """Check every field of ``state`` against this loader, changing nothing; return the
-        point to resume from (a copy, so that the caller's dict may change afterwards)."""
-        import copy
-
-        from .sampler._base import check_state_int, same_value
-
-        if not isinstance(state, dict) or not same_value(state.get("version"), _STATE_VERSION):
-            raise ValueError(
-                f"state must be a dict from ShardedDataLoader.state_dict() "
-                f"(version {_STATE_VERSION}), got {state!r:.200}"
-            )
-        missing = [key for key in _STATE_KEYS if key not in state]
-        if missing:
-            raise ValueError(
-                f"state lacks the field(s) {missing}; a state from state_dict() has the fields "
-                f"{list(_STATE_KEYS)}, got {sorted(map(str, state))}"
-            )
-        mine = self.state_dict()
-        for key in ("dataset_len", "batch_size", "sampler_type", "seed"):
-            if not same_value(state[key], mine[key]):
-                raise ValueError(
-                    f"state is from an incompatible loader: {key} is "
-                    f"{state[key]!r:.100} in the state but {mine[key]!r} here"
-                )
-        for key in ("epoch", "consumed"):
-            check_state_int(f"state[{key!r}]", state[key])
-        epoch, consumed = int(state["epoch"]), int(state["consumed"])
-        total = self._batches_of(epoch, state["sampler"])
-        if consumed > total:
-            raise ValueError(
-                f"state['consumed'] must be an int in [0, {total}], the number of batches of "
-                f"epoch {epoch}, got {consumed}"
-            )
-        return {"epoch": epoch, "consumed": consumed, "sampler": copy.deepcopy(state["sampler"])}
-
-    def _batches_of(self, epoch: int, sampler_state: Any) -> int:
-        """How many batches epoch ``epoch`` has when the batch sampler starts it from
-        ``sampler_state``, which is checked first; nothing is changed."""
-        from .sampler import Sampler
-        from .sampler._base import StateTypeError, same_value
-
-        bs = self._batch_sampler
-        name = type(bs).__name__
-        if not callable(getattr(bs, "state_dict", None)):
-            if sampler_state is not None:
-                raise ValueError(
-                    f"state['sampler'] must be None: this loader's batch sampler ({name}) has "
-                    f"no state_dict; got {sampler_state!r:.100}"
-                )
-            return len(bs)
-        if not isinstance(sampler_state, dict):
-            raise StateTypeError(
-                f"state['sampler'] must be the state_dict() of this loader's batch sampler "
-                f"({name}), a dict; got {sampler_state!r:.100}"
-            )
-        load = getattr(bs, "load_state_dict", None)
-        if not callable(load):
-            return len(bs)  # nothing to restore: resuming skips the consumed batches
-        if not isinstance(bs, Sampler):
-            # A batch sampler of the user's own: its load_state_dict is the only check there
-            # is, and it loads the state as it checks it.
-            try:
-                load(sampler_state)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"state is from an incompatible loader: {exc}") from exc
-            return len(bs)
-        probe = bs._probe()  # a copy to try the state on (see Sampler.load_state_dict)
-        try:
-            probe._load_state(sampler_state)
-        except ValueError as exc:
-            kind = StateTypeError if isinstance(exc, StateTypeError) else ValueError
-            raise kind(f"state['sampler'] does not fit this loader's batch sampler: {exc}") from exc
-        # The loader saves its batch sampler's state as the epoch starts: at that epoch, at
-        # offset 0 (the loader counts the batches taken since, in 'consumed').
-        for key, expected in (("epoch", epoch), ("offset", 0)):
-            if not same_value(sampler_state[key], expected):
-                raise ValueError(
-                    f"state['sampler'][{key!r}] must be {expected}, as a loader saves its batch "
-                    f"sampler's state at the start of epoch state['epoch']={epoch}; got "
-                    f"{sampler_state[key]!r:.100}"
-                )
-        length = self._length
-        for index in _carried_indices(probe):
-            if not 0 <= index < length:
-                raise ValueError(
-                    f"state['sampler'] carries index {index} into epoch {epoch}, outside the "
-                    f"dataset's range [0, {length})"
-                )
-        return len(probe)
 
     # ------------------------------------------------------------------ stats & lifecycle
     def stats(self) -> Dict[str, Any]:
@@ -594,9 +456,9 @@ class ShardedDataLoader(_GluonDataLoader):
             it.close()
         self._prestarted = None
         self._cpp = None  # its C++ threads stop when MXNet frees the iterator
-        if self._hub is not None:
-            self._hub.pool.close()
-            self._hub = None
+        if self._router is not None:
+            self._router.pool.close()
+            self._router = None
 
     def __enter__(self) -> ShardedDataLoader:
         return self
@@ -621,235 +483,7 @@ class ShardedDataLoader(_GluonDataLoader):
 
     def worker_pids(self) -> List[int]:
         """PIDs of the live worker processes (empty for inline or thread workers)."""
-        return self._hub.pool.pids() if self._hub is not None else []
+        return self._router.pool.pids() if self._router is not None else []
 
 
 DataLoader = ShardedDataLoader
-
-
-class _EpochIterator:
-    """What ``iter(loader)`` returns: counts batches for checkpoints and time for stats."""
-
-    def __init__(
-        self, loader: ShardedDataLoader, source, epoch: int, consumed: int, start_state, pin
-    ) -> None:
-        self._loader_ref = weakref.ref(loader)
-        self._pin = pin
-        self._source = source
-        self._stats = loader._stats
-        self.epoch = epoch
-        self.consumed = consumed
-        self.start_state = start_state
-        self._done = False
-        # One consumer at a time: two threads advancing one epoch would race on its state.
-        self._busy = threading.Lock()
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __next__(self) -> Any:
-        if not self._busy.acquire(blocking=False):
-            raise RuntimeError(
-                "this loader iterator is being advanced by another thread; an epoch "
-                "iterator belongs to one consumer at a time (give each thread its own "
-                "iter(loader), or hand the iterator over between batches)"
-            )
-        try:
-            return self._next()
-        finally:
-            self._busy.release()
-
-    def _next(self) -> Any:
-        if _interrupts.pending:
-            _interrupts.raise_pending()
-        start = time.perf_counter()
-        if self._stats.started is None:
-            self._stats.started = start
-        try:
-            batch = next(self._source)
-        except StopIteration:
-            self._finish()
-            raise
-        if self._pin is not None:
-            # On this thread, like Gluon: a host copy is a plain memcpy here (see _device),
-            # cheaper than handing every batch across threads; a GPU copy is asynchronous.
-            batch = pin(batch, self._pin)  # Gluon's containers: tuples become lists
-        if _interrupts.pending:  # swallowed while this batch was on its way: not consumed
-            _interrupts.raise_pending()
-        stats = self._stats
-        waited = time.perf_counter() - start
-        stats.wait_s += waited
-        if stats.first_batch_s is None:
-            stats.first_batch_s = waited
-        stats.batches += 1
-        self.consumed += 1
-        loader = self._loader_ref()
-        if loader is not None and loader._position.get("epoch") == self.epoch:
-            loader._position["consumed"] = self.consumed
-        return batch
-
-    next = __next__
-
-    def _finish(self) -> None:
-        if self._done:
-            return
-        self._done = True
-        loader = self._loader_ref()
-        if loader is not None:
-            loader._epoch_finished(self)
-
-    def close(self) -> None:
-        self._done = True
-        close = getattr(self._source, "close", None)
-        if close is not None:
-            close()
-
-    def __len__(self) -> int:
-        loader = self._loader_ref()
-        return len(loader) if loader is not None else 0
-
-
-def _placement(opts: _options.LoaderOptions):
-    if opts.ctx is not None:
-        from ._engine.device import normalize_ctx
-
-        ctx = normalize_ctx(opts.ctx, opts.ctx_name)
-        if isinstance(ctx, list) and len(ctx) == 1:
-            return ctx[0]
-        return ctx
-    return None
-
-
-def _pin_context(opts: _options.LoaderOptions):
-    if opts.pin_memory:
-        import mxnet as mx
-
-        return mx.cpu_pinned(opts.pin_device_id)
-    return None
-
-
-def _check_shards_fit(ctx, num_shards: int, batch_sampler, name: str = "ctx") -> None:
-    """Several contexts need steps of at most that many shards, where that is known now.
-    ``name`` is the argument's name as given: ``ctx``, or MXNet 2.x's ``device``."""
-    if not isinstance(ctx, list):
-        return
-    what = "devices" if name == "device" else "contexts"
-    if num_shards > len(ctx):
-        raise ValueError(
-            f"num_shards={num_shards} but {name} has {len(ctx)} {what} ({ctx}); each shard "
-            f"needs its own {what[:-1]}"
-        )
-    if not num_shards and getattr(batch_sampler, "yields_steps", None) is False:
-        raise ValueError(
-            f"{name} lists {len(ctx)} {what}, one per shard, but the batches are not sharded; "
-            f"pass num_shards=len({name}), a batch_sampler that yields steps, or a single "
-            f"{what[:-1]}"
-        )
-
-
-def _require_steps(items, num_ctx: int, name: str = "ctx"):
-    """Refuse a plain batch when ctx lists several contexts: placing it would split it field
-    by field (data on ctx[0], labels on ctx[1])."""
-    what = "devices" if name == "device" else "contexts"
-    for seq, indices in items:
-        if not is_sharded(indices):
-            raise ValueError(
-                f"{name} lists {num_ctx} {what}, one per shard, but batch {seq} of the batch "
-                "sampler is a plain batch, not a step (a list of per-shard index lists); "
-                f"pass num_shards=len({name}) or a single {what[:-1]}"
-            )
-        yield seq, indices
-
-
-# shardloader's options that MXNet 2.x's C++ pipeline cannot honour, with their defaults.
-_NOT_IN_CPP = (
-    ("seed", None),
-    ("mxnet_seed", "batch"),
-    ("num_shards", 0),
-    ("num_parts", 1),
-    ("even_size", False),
-    ("worker_init_fn", None),
-    ("on_worker_death", "raise"),
-)
-
-
-def _cpp_pipeline(opts, dataset, sampler, batch_sampler, batchify_fn, start_method):
-    """MXNet 2.x's C++ pipeline for this loader, where ``try_nopython=True`` asks for it and
-    Gluon would use it; else ``None``.
-
-    Gluon (2.0.0b1) asks ``_check_mx_loader_capability`` whether the dataset, the batch
-    sampler and the batchify function it would use all have C++ counterparts. Where they do,
-    the C++ pipeline loads the batches here too, so they are Gluon's, whatever its
-    conventions (tuples, float32 values). Where they do not, Gluon's ``RuntimeError`` is
-    raised, with Gluon's message. ``try_nopython=None`` does not take this path: Gluon would
-    switch silently, but shardloader keeps its own workers and the batches of Gluon's
-    Python pipeline (docs/switching.md says why).
-    """
-    if not MX2 or not opts.try_nopython or opts.num_workers == 0:
-        return None  # Gluon ignores try_nopython without workers too
-    from mxnet.gluon.data import batchify as gluon_batchify
-    from mxnet.gluon.data import dataloader as gluon_loader
-    from mxnet.gluon.data import sampler as gluon_sampler
-
-    check = getattr(gluon_loader, "_check_mx_loader_capability", None)
-    pipeline = getattr(gluon_loader, "_MXThreadedDataLoader", None)
-    if check is None or pipeline is None:
-        import mxnet as mx
-
-        raise ValueError(
-            f"try_nopython=True: this MXNet ({mx.__version__}) has no C++ data pipeline that "
-            "shardloader knows (it uses MXNet 2.0's); use try_nopython=None or False"
-        )
-    if batch_sampler is None:  # the batch sampler Gluon would build from these arguments
-        if sampler is None:
-            length = len(dataset)
-            sampler = (
-                gluon_sampler.RandomSampler(length)
-                if opts.shuffle
-                else gluon_sampler.SequentialSampler(length)
-            )
-        batch_sampler = gluon_sampler.BatchSampler(
-            sampler, opts.batch_size, opts.last_batch or "keep"
-        )
-    if isinstance(batchify_fn, _batchify._FieldStack):  # the default: Gluon's, as Gluon has it
-        batchify_fn = gluon_batchify.Stack(use_shared_mem=True)
-    usable, args = check(dataset, batch_sampler, batchify_fn)
-    if not usable:
-        raise RuntimeError(args)  # Gluon's message, word for word
-    given = [
-        f"{name}={getattr(opts, name)!r}"
-        for name, default in _NOT_IN_CPP
-        if getattr(opts, name) != default
-    ]
-    if start_method is not None:
-        given.append(f"start_method={start_method!r}")
-    if given:
-        raise ValueError(
-            "try_nopython=True hands this loader to MXNet's C++ pipeline, which cannot honour "
-            f"{', '.join(given)}; drop {'it' if len(given) == 1 else 'them'}, or use "
-            "try_nopython=None for shardloader's own workers, which give the batches of "
-            "Gluon's Python pipeline"
-        )
-    return pipeline(
-        num_workers=opts.num_workers,
-        pin_memory=opts.pin_memory,
-        pin_device_id=opts.pin_device_id,
-        prefetch=opts.prefetch,
-        **args,
-    )
-
-
-def _sampler_state(sampler) -> Any:
-    fn = getattr(sampler, "state_dict", None)
-    return fn() if fn is not None else None
-
-
-def _carried_indices(sampler) -> Iterator[int]:
-    """The indices that a shardloader batch sampler, and the samplers it wraps, carry into
-    their next pass (``last_batch='rollover'``): items, or batches of items, of ``_carry``."""
-    from .sampler import Sampler
-
-    while isinstance(sampler, Sampler):
-        for item in sampler.__dict__.get("_carry", ()):
-            yield from item if isinstance(item, list) else (item,)
-        sampler = sampler.__dict__.get("_sampler")

@@ -14,7 +14,7 @@ import mxnet as mx
 import psutil
 import pytest
 
-from shardloader._engine.ipc import alloc as _alloc
+from shardloader._engine.ipc import lease
 
 # The suite runs under MXNet 1.9.1 (`make test`, the default) and 2.0.0b1 (`make test-mx2`).
 MX_VERSION = tuple(int(n) for n in re.findall(r"\d+", mx.__version__)[:2])
@@ -102,8 +102,8 @@ def our_threads():
 
 def outstanding_leases() -> int:
     """MXNet arrays over shardloader's memory that MXNet has not released yet."""
-    _alloc.reap_all()
-    return _alloc._registry.pending
+    lease.reap_all()
+    return lease._registry.pending
 
 
 def open_fds() -> int:

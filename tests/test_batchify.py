@@ -4,7 +4,9 @@ MXNet 2.x's (``Group``, ``AsList``, ``Append``, and 2.x's ``Stack`` and ``Pad`` 
 
 import collections
 import doctest
+import importlib
 import pickle
+import pkgutil
 import re
 import warnings
 
@@ -66,7 +68,7 @@ class RecordingAllocator:
 @pytest.fixture
 def raw_alloc():
     alloc = RecordingAllocator()
-    with _alloc.allocating(alloc, raw=True):
+    with _alloc.allocating(alloc, numpy_out=True):
         yield alloc
 
 
@@ -1036,7 +1038,7 @@ def test_raw_tuple_dict_namedtuple(raw_alloc):
 
 def test_allocator_without_raw_mode_still_gives_ndarrays():
     alloc = RecordingAllocator()
-    with _alloc.allocating(alloc, raw=False):
+    with _alloc.allocating(alloc, numpy_out=False):
         out = default_batchify_fn([np.zeros(3, np.float32), np.ones(3, np.float32)])
     assert isinstance(out, mx.nd.NDArray)
     assert len(alloc.buffers) == 1
@@ -1044,7 +1046,7 @@ def test_allocator_without_raw_mode_still_gives_ndarrays():
 
 
 def test_normal_mode_after_raw_mode():
-    with _alloc.allocating(RecordingAllocator(), raw=True):
+    with _alloc.allocating(RecordingAllocator(), numpy_out=True):
         assert type(default_batchify_fn([1, 2])) is np.ndarray
     assert isinstance(default_batchify_fn([1, 2]), mx.nd.NDArray)
 
@@ -1054,9 +1056,19 @@ def test_normal_mode_after_raw_mode():
 
 
 def test_module_doctests():
-    result = doctest.testmod(batchify, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert result.attempted > 0
-    assert result.failed == 0
+    # The examples live in the package's modules; they run with the package's names in scope.
+    attempted = 0
+    modules = [batchify] + [
+        importlib.import_module(f"{batchify.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(batchify.__path__)
+    ]
+    for module in modules:
+        result = doctest.testmod(
+            module, extraglobs=vars(batchify), optionflags=doctest.NORMALIZE_WHITESPACE
+        )
+        assert result.failed == 0, module.__name__
+        attempted += result.attempted
+    assert attempted > 0
 
 
 def test_public_names_have_examples():

@@ -16,8 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import MX2, requires_mx2  # noqa: E402
 
 from benchmarks import report  # noqa: E402
-from benchmarks.harness import count_samples, run_isolated, time_loader, touch  # noqa: E402
+from benchmarks.harness import run_isolated, time_loader  # noqa: E402
 from benchmarks.workloads import Case, build  # noqa: E402
+from shardloader.tools.measure import count_samples, count_step_samples, touch  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaks")]
 
@@ -78,8 +79,12 @@ def test_check_rejects_a_wrong_batch():
 
 def test_touch_and_count_walk_nested_batches():
     batch = [(np.zeros((4, 2), "float32"), np.arange(4)), (np.zeros((3, 2), "uint8"), [0, 1, 2])]
-    assert count_samples(batch) == 7
+    assert count_step_samples(batch) == 7  # a sharded step: its shards add up
+    assert count_samples(batch) == 4  # a batch: the leading dimension of its first array
+    assert count_step_samples(batch[1]) == count_samples(batch[1]) == 3
+    assert count_samples({"x": [1, 2, 3]}) == 3 and count_samples(5) == 1  # plain values
     assert touch(batch) == 4 * 2 * 4 + 4 * 8 + 3 * 2
+    assert touch({"raw": [b"abc", bytearray(2)], "n": 1, "s": "text"}) == 5
 
 
 def test_isolated_runs_feed_the_report(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 import shardloader
 from shardloader.recordio import ImageRecordDataset
-from shardloader.tools import bench, bench_report, cli
+from shardloader.tools import bench, bench_data, bench_report, bench_timing, cli
 from shardloader.tools.demo_data import CLASSES, generate_shapes, prepare
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leaks")]
@@ -121,7 +121,7 @@ def test_usage_errors_are_one_line(capsys, argv, message):
 
 def test_resolve_factory_accepts_a_module_path(monkeypatch):
     monkeypatch.syspath_prepend(str(TESTS))
-    factory = bench.resolve_factory("bench_factory:make")
+    factory = bench_data.resolve_factory("bench_factory:make")
     assert len(factory()) == 160
 
 
@@ -206,7 +206,7 @@ def test_failed_rows_are_reported_not_recommended():
     assert any("1.11x" in line for line in table)
     assert bench_report.recommend(rows, step_ms=0)[0] == 0
     runs = [{"samples_per_s": 1.0, "peak_rss_mb": 1.0}, {"error": "boom"}]
-    assert bench._median_run(runs) == {"error": "boom (1 of 2 runs)"}
+    assert bench_timing.median_run(runs) == {"error": "boom (1 of 2 runs)"}
 
 
 def test_recommendation_rule():

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from _backends import BACKENDS
 
-from shardloader._engine.ipc import alloc as _alloc
+from shardloader._engine.ipc import bufferpool
+from shardloader._engine.ipc import lease as _lease
 
 _DEADLINE_S = 90
 
@@ -198,7 +199,7 @@ def _settle(predicate, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         gc.collect()
-        _alloc.reap_some()
+        _lease.reap_some()
         if predicate():
             return True
         time.sleep(0.01)
@@ -210,7 +211,7 @@ def test_a_wrapped_buffer_lives_until_mxnet_releases_it(no_thread_leak):
     alive = []
     import weakref
 
-    wrapped = _alloc.as_ndarray(buf)
+    wrapped = _lease.as_ndarray(buf)
     weakref.finalize(buf, alive.append, "freed")
     del buf
     view = wrapped[1:3]  # shares the memory
@@ -227,9 +228,9 @@ def test_a_wrapped_buffer_lives_until_mxnet_releases_it(no_thread_leak):
 
 def test_release_is_a_libc_call_not_a_python_callback():
     """The deleter MXNet calls is libc's sem_post: no Python, no GIL."""
-    wrapped = _alloc.as_ndarray(np.ones(4, np.float32))
-    lease = _alloc._registry._leases[-1].lease
-    assert lease.deleter == _alloc._registry._native.sem_post_addr
+    wrapped = _lease.as_ndarray(np.ones(4, np.float32))
+    lease = _lease._registry._leases[-1].lease
+    assert lease.deleter == _lease._registry._native.sem_post_addr
     del wrapped
 
 
@@ -244,14 +245,14 @@ def test_mxnet_keeps_the_lease_and_releases_it_by_its_own_address():
 
     calls = []
     deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(calls.append)
-    native = _alloc._registry._native or _alloc._Native()
+    native = _lease._registry._native or _lease._Native()
     buf = np.arange(6, dtype=np.float32)
-    lease = _alloc._Lease()
+    lease = _lease._Lease()
     tensor = lease.dl_tensor
     tensor.data = buf.ctypes.data
-    tensor.ctx = _alloc._DLContext(1, 0)
+    tensor.ctx = _lease._DLContext(1, 0)
     tensor.ndim = 1
-    tensor.dtype = _alloc._DLDataType(2, 32, 1)
+    tensor.dtype = _lease._DLDataType(2, 32, 1)
     shape = (ctypes.c_int64 * 1)(6)
     tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
     lease.deleter = ctypes.cast(deleter, ctypes.c_void_p).value
@@ -277,27 +278,27 @@ def test_wrapped_arrays_keep_values_and_dtype(dtype):
     never wrapped as they are: their bytes read as little-endian were garbage."""
     src = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
     for numpy_array in (False, True):
-        out = _alloc.as_ndarray(src.copy(), numpy_array)
+        out = _lease.as_ndarray(src.copy(), numpy_array)
         assert isinstance(out, mx.np.ndarray if numpy_array else mx.nd.NDArray)
         assert out.dtype == np.dtype(dtype).newbyteorder("=")
         np.testing.assert_array_equal(out.asnumpy(), src)
 
 
 def test_the_background_reaper_stops_when_nothing_is_leased(no_thread_leak):
-    out = _alloc.as_ndarray(np.ones(8, np.float32))
+    out = _lease.as_ndarray(np.ones(8, np.float32))
     assert any(t.name == "shardloader-release" for t in __import__("threading").enumerate())
     del out
-    assert _settle(lambda: _alloc._registry.pending == 0)
+    assert _settle(lambda: _lease._registry.pending == 0)
 
 
 def test_a_forked_child_can_still_use_and_release_wrapped_arrays():
-    out = _alloc.as_ndarray(np.arange(5, dtype=np.float32))
+    out = _lease.as_ndarray(np.arange(5, dtype=np.float32))
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         code = 0
         try:
             code = 0 if out.asnumpy().tolist() == [0, 1, 2, 3, 4] else 3
-            _alloc.reap_some()
+            _lease.reap_some()
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -326,14 +327,14 @@ def test_interrupts_are_not_ignored_in_the_parent(no_thread_leak):
         hook(unraisable)
 
     sys.unraisablehook = spy
-    arrays = [_alloc.as_ndarray(np.ones(16, np.float32)) for _ in range(200)]
+    arrays = [_lease.as_ndarray(np.ones(16, np.float32)) for _ in range(200)]
     old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.01)
         deadline = time.monotonic() + 30  # pytest-timeout's SIGALRM is ours meanwhile
         with pytest.raises(KeyboardInterrupt):
             while time.monotonic() < deadline:
-                arrays.append(_alloc.as_ndarray(np.ones(16, np.float32)))
+                arrays.append(_lease.as_ndarray(np.ones(16, np.float32)))
                 del arrays[0]
                 _interrupts.raise_pending()  # what the loader's next() does
     finally:
@@ -342,7 +343,7 @@ def test_interrupts_are_not_ignored_in_the_parent(no_thread_leak):
         sys.unraisablehook = hook
     del arrays
     gc.collect()  # the interrupt's traceback may hold the frame (and array) it cut into
-    assert _settle(lambda: _alloc._registry.pending <= len(cut_short)), cut_short
+    assert _settle(lambda: _lease._registry.pending <= len(cut_short)), cut_short
 
 
 # ---------------------------------------------------------------- reusing host buffers
@@ -352,7 +353,7 @@ _BIG = (64, 3, 48, 48)  # 1.8 MB of float32: above the pool's 1 MiB floor
 
 
 def _data_ptr(array) -> int:
-    return _alloc.host_view(array).__array_interface__["data"][0]
+    return _lease.host_view(array).__array_interface__["data"][0]
 
 
 def test_an_inline_batch_reuses_the_buffer_of_a_released_one(no_thread_leak):
@@ -366,7 +367,7 @@ def test_an_inline_batch_reuses_the_buffer_of_a_released_one(no_thread_leak):
             seen.append(_data_ptr(batch))
             del batch
             mx.nd.waitall()
-            _alloc.reap_all()  # MXNet posted the batch's lease when it dropped the array
+            _lease.reap_all()  # MXNet posted the batch's lease when it dropped the array
     assert len(set(seen)) < len(seen), f"no buffer was used twice: {seen}"
 
 
@@ -384,7 +385,7 @@ def test_a_held_batch_is_never_overwritten(no_leaks, mode):
 
 
 def test_a_buffer_that_is_still_referred_to_stays_out_of_the_pool():
-    pool = _alloc._BufferPool()
+    pool = bufferpool.BufferPool()
     first = pool.take(_BIG, np.dtype(np.float32))
     memo = first[:1]  # a batchify function's memo: a view of the buffer
     pool.give_back(first)

@@ -22,7 +22,7 @@ from conftest import ARRAY_TYPE, MX2, shmem_kb
 from mxnet import gluon
 
 from shardloader import ClosedIteratorError, DataLoader
-from shardloader._engine.ipc import shm
+from shardloader._engine.ipc import slots
 
 MODES = {
     "inline": {},
@@ -68,7 +68,7 @@ def test_rss_stays_flat_over_many_seeded_epochs(no_leaks, mode):
 @pytest.mark.timeout(120)
 def test_a_slot_above_the_bound_is_returned_not_kept(no_leaks, monkeypatch):
     """Large slots are used once: after release neither side keeps the memory."""
-    monkeypatch.setattr(shm, "MAX_KEPT_SLOT_BYTES", 1 << 20)
+    monkeypatch.setattr(slots, "MAX_KEPT_SLOT_BYTES", 1 << 20)
     data = np.ones((8, 1 << 18), dtype=np.float32)  # 1 MiB a sample, 4 MiB a batch
     before = shmem_kb()
     with DataLoader(data, batch_size=4, num_workers=1, prefetch=1) as loader:

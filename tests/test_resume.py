@@ -504,14 +504,26 @@ def _with(state, path, value):
 
 _DELETE = object()
 MALFORMED = {  # (path, value, what the message must say)
-    "consumed_negative": (["consumed"], -3, r"state\['consumed'\] must be a non-negative int, got -3"),
+    "consumed_negative": (
+        ["consumed"],
+        -3,
+        r"state\['consumed'\] must be a non-negative int, got -3",
+    ),
     "consumed_str": (
         ["consumed"],
         "2",
         r"state\['consumed'\] must be a non-negative int, got '2' \(str\)",
     ),
-    "consumed_float": (["consumed"], 2.0, r"state\['consumed'\] must be a non-negative int, got 2.0"),
-    "consumed_bool": (["consumed"], True, r"state\['consumed'\] must be a non-negative int, got True"),
+    "consumed_float": (
+        ["consumed"],
+        2.0,
+        r"state\['consumed'\] must be a non-negative int, got 2.0",
+    ),
+    "consumed_bool": (
+        ["consumed"],
+        True,
+        r"state\['consumed'\] must be a non-negative int, got True",
+    ),
     "consumed_past_the_epoch": (
         ["consumed"],
         10**6,

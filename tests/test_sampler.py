@@ -972,11 +972,15 @@ def test_doctests():
     import shardloader.sampler._base as base
     import shardloader.sampler._batch as batch
     import shardloader.sampler._bucket as bucket
+    import shardloader.sampler._index as index
     import shardloader.sampler._scheme as scheme
+    import shardloader.sampler._sorted as sorted_
     import shardloader.sampler._split as split
+    import shardloader.sampler._state as state
+    import shardloader.sampler._wrap as wrap
 
     attempted = 0
-    for module in (S, base, batch, bucket, scheme, split):
+    for module in (S, base, state, wrap, index, batch, bucket, sorted_, scheme, split):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result = doctest.testmod(

@@ -13,7 +13,8 @@ import pytest
 
 from shardloader import batchify
 from shardloader._engine.ipc import alloc as _alloc
-from shardloader._engine.ipc.shm import ND, ArrayRef, SlotRing, SlotTable
+from shardloader._engine.ipc.slots import ND, ArrayRef, SlotRing
+from shardloader._engine.ipc.table import SlotTable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,7 +38,7 @@ def test_batch_crosses_as_metadata_not_bytes():
         ring.begin()
         promoted: dict = {}
         samples = [(np.full((256, 256), i, np.float32), i) for i in range(8)]
-        with _alloc.allocating(ring.allocate, raw=True, promoted=promoted):
+        with _alloc.allocating(ring.allocate, numpy_out=True, promoted=promoted):
             batch = batchify.default_batchify_fn(samples)
         out, message = _ship(ring, table, batch, promoted)
         assert len(message) < 1024, "2 MB of data must travel as a few hundred bytes"
@@ -55,7 +56,7 @@ def test_second_batch_is_stacked_straight_into_a_reused_slot():
         for step in range(3):
             ring.begin()
             promoted: dict = {}
-            with _alloc.allocating(ring.allocate, raw=True, promoted=promoted):
+            with _alloc.allocating(ring.allocate, numpy_out=True, promoted=promoted):
                 batch = batchify.Stack()([np.full((1000,), step, np.int64)] * 4)
             in_slot = ring._in_slot(ring.current, batch)
             out, _ = _ship(ring, table, batch, promoted)

@@ -22,7 +22,9 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from .._compat import DEVICE_ARG, DeviceType, device_of, is_device, to_device
-from .ipc.alloc import HOST_DEVICES, host_view
+from .batch import is_sharded
+from .ipc.lease import HOST_DEVICES, host_view
+from .nest import leaves, map_leaves
 
 __all__ = ["device_argument", "normalize_ctx", "pin", "place", "place_shards", "wait_to_read"]
 
@@ -122,19 +124,7 @@ def place(batch: Any, ctx: DeviceType) -> Any:
     >>> out["x"].context, type(out["n"]).__name__
     (cpu(1), 'ndarray')
     """
-    if isinstance(batch, NDArray):
-        return _copy(batch, ctx)
-    if isinstance(batch, list):
-        return [place(item, ctx) for item in batch]
-    if isinstance(batch, tuple):
-        items = [place(item, ctx) for item in batch]
-        if hasattr(batch, "_fields"):  # a namedtuple takes its fields positionally
-            return type(batch)(*items)
-        return type(batch)(items)
-    if isinstance(batch, dict):
-        items = {key: place(value, ctx) for key, value in batch.items()}
-        return items if type(batch) is dict else _rebuild_mapping(batch, items)
-    return batch
+    return map_leaves(lambda leaf: _copy(leaf, ctx) if isinstance(leaf, NDArray) else leaf, batch)
 
 
 def pin(batch: Any, ctx: DeviceType) -> Any:
@@ -192,14 +182,6 @@ def _copy(array: NDArray, ctx: DeviceType) -> NDArray:
     return out
 
 
-def _rebuild_mapping(original: dict, items: dict) -> dict:
-    """Rebuild a dict subclass with new values, falling back to a plain dict."""
-    try:
-        return type(original)(items)
-    except TypeError:  # e.g. defaultdict needs its factory first
-        return items
-
-
 def place_shards(step: Sequence[Any], ctxs: Sequence[DeviceType]) -> List[Any]:
     """Put shard ``i`` of a sharded step on ``ctxs[i]``.
 
@@ -245,11 +227,58 @@ def place_shards(step: Sequence[Any], ctxs: Sequence[DeviceType]) -> List[Any]:
 
 def wait_to_read(batch: Any) -> None:
     """Block until every NDArray in a nested batch is ready to read."""
-    if isinstance(batch, NDArray):
-        batch.wait_to_read()
-    elif isinstance(batch, (list, tuple)):
-        for item in batch:
-            wait_to_read(item)
-    elif isinstance(batch, dict):
-        for item in batch.values():
-            wait_to_read(item)
+    for leaf in leaves(batch):
+        if isinstance(leaf, NDArray):
+            leaf.wait_to_read()
+
+
+def placement(ctx: Any, name: str = "ctx") -> Any:
+    """Where batches go: ``None``, one context, or a list of them (one per shard)."""
+    if ctx is not None:
+        ctx = normalize_ctx(ctx, name)
+        if isinstance(ctx, list) and len(ctx) == 1:
+            return ctx[0]
+        return ctx
+    return None
+
+
+def pin_context(pin_memory: bool, pin_device_id: int) -> Any:
+    """Gluon's ``pin_memory``: the pinned context batches are copied to, or ``None``."""
+    if pin_memory:
+        import mxnet as mx
+
+        return mx.cpu_pinned(pin_device_id)
+    return None
+
+
+def check_shards_fit(ctx, num_shards: int, batch_sampler, name: str = "ctx") -> None:
+    """Several contexts need steps of at most that many shards, where that is known now.
+    ``name`` is the argument's name as given: ``ctx``, or MXNet 2.x's ``device``."""
+    if not isinstance(ctx, list):
+        return
+    what = "devices" if name == "device" else "contexts"
+    if num_shards > len(ctx):
+        raise ValueError(
+            f"num_shards={num_shards} but {name} has {len(ctx)} {what} ({ctx}); each shard "
+            f"needs its own {what[:-1]}"
+        )
+    if not num_shards and getattr(batch_sampler, "yields_steps", None) is False:
+        raise ValueError(
+            f"{name} lists {len(ctx)} {what}, one per shard, but the batches are not sharded; "
+            f"pass num_shards=len({name}), a batch_sampler that yields steps, or a single "
+            f"{what[:-1]}"
+        )
+
+
+def require_steps(items, num_ctx: int, name: str = "ctx"):
+    """Refuse a plain batch when ctx lists several contexts: placing it would split it field
+    by field (data on ctx[0], labels on ctx[1])."""
+    what = "devices" if name == "device" else "contexts"
+    for seq, indices in items:
+        if not is_sharded(indices):
+            raise ValueError(
+                f"{name} lists {num_ctx} {what}, one per shard, but batch {seq} of the batch "
+                "sampler is a plain batch, not a step (a list of per-shard index lists); "
+                f"pass num_shards=len({name}) or a single {what[:-1]}"
+            )
+        yield seq, indices

@@ -12,208 +12,36 @@ Invariants (docs/design.md), each enforced here and nowhere else:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import threading
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
-
 from .._errors import (
     ClosedIteratorError,
     LoaderTimeoutError,
-    WorkerDiedError,
-    describe_exitcode,
     short_indices,
 )
-from .pools import Result, Task, WorkerLost
+from . import interrupts as _interrupts
+from .device import pin
+from .protocol import Result, Task
 from .reorder import ReorderBuffer
+from .router import Router
+from .stats import Stats, batch_nbytes
 
 # Longest single wait on the pool before re-checking deadlines and worker health.
 _POLL_INTERVAL_S = 0.25
-# Batches cheaper than this (worker time) are sent several to a task, so the per-message
-# cost of waking a worker and reading its reply is shared between them.
-_TINY_BATCH_S = 0.0005
-# How often on_worker_death='restart' re-sends one batch whose worker died.
-_MAX_RESTARTS_PER_BATCH = 2
-# Weight of the newest batch in the running mean of worker time per batch.
-_EMA_WEIGHT = 0.1
 
-_generations = itertools.count()
-
-
-class Stats:
-    """Counters the loader keeps for ``ShardedDataLoader.stats``. Updating them costs
-    a few attribute writes per batch."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.batches = 0
-        self.bytes = 0
-        self.wait_s = 0.0
-        self.first_batch_s: Optional[float] = None
-        # Set when the consumer first asks for a batch, so start-up counts as waiting.
-        self.started: Optional[float] = None
-        self.worker_busy_s: Dict[int, float] = {}
-        self.max_reorder_depth = 0
-        self.reorder_depth = 0
-        # Samples the batch sampler repeated to fill a step; the sampler adds to it.
-        self.repeated_samples = 0
-
-    def snapshot(self) -> Dict[str, Any]:
-        started = self.started if self.started is not None else time.perf_counter()
-        wall = max(time.perf_counter() - started, 1e-9)
-        return {
-            "batches": self.batches,
-            "bytes": self.bytes,
-            "wait_s": self.wait_s,
-            "wall_s": wall,
-            "data_stall": min(1.0, self.wait_s / wall),
-            "first_batch_s": self.first_batch_s,
-            "worker_busy_s": dict(self.worker_busy_s),
-            "reorder_depth": self.reorder_depth,
-            "max_reorder_depth": self.max_reorder_depth,
-            "repeated_samples": self.repeated_samples,
-        }
-
-
-class Hub:
-    """A pool plus the routing of its results to the epochs that asked for them.
-
-    Several epochs may be open on one pool at once (``it1 = iter(loader); it2 =
-    iter(loader)``); whichever is waiting reads the pool and delivers everyone's results.
-    """
-
-    def __init__(self, pool, on_worker_death: str, stats: Stats) -> None:
-        self.pool = pool
-        self.on_worker_death = on_worker_death
-        self.stats = stats
-        # Weak, so an epoch the user abandoned (``break``) is collected and frees its batches.
-        self.routes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.broken: Optional[BaseException] = None  # why the pool must be rebuilt
-        self.mean_busy_s: Optional[float] = None
-        self._losses: Dict[Tuple[int, int], int] = {}  # (gen, seq) -> times its worker died
-
-    def chunk(self, limit: int) -> int:
-        """Batches per task: 1, or a worker's share of ``limit`` when batches are tiny."""
-        mean = self.mean_busy_s
-        if mean is None or mean >= _TINY_BATCH_S:
-            return 1
-        return max(1, limit // self.pool.num_workers)
-
-    def submit(self, task: Task) -> None:
-        with self._io():
-            self.pool.submit(task)
-
-    @contextlib.contextmanager
-    def _io(self) -> Iterator[None]:
-        """Pool I/O that an exception (Ctrl-C above all) interrupts may leave a message half
-        sent or half read: the pool's pipes are then out of step, so it is never used
-        again (the next epoch starts fresh workers)."""
-        try:
-            yield
-        except BaseException as exc:
-            if self.broken is None:
-                self.broken = exc
-            raise
-
-    def pump(self, timeout: float) -> None:
-        with self._io():
-            results, lost = self.pool.poll(timeout)
-        for r in results:
-            busy = self.stats.worker_busy_s
-            busy[r.worker_id] = busy.get(r.worker_id, 0.0) + r.busy_s
-            if r.ok:
-                mean = self.mean_busy_s
-                self.mean_busy_s = (
-                    r.busy_s if mean is None else (mean + _EMA_WEIGHT * (r.busy_s - mean))
-                )
-            epoch = self.routes.get(r.gen)
-            if epoch is None:
-                self.pool.discard(r)  # its epoch was closed: free the slot
-            else:
-                epoch._accept(r)
-        for death in lost:
-            self._handle_death(death)
-
-    def _handle_death(self, death: WorkerLost) -> None:
-        """A worker died (a process) or stopped on an error outside a batch (a thread).
-        With ``on_worker_death='restart'`` a process is replaced and its batches re-sent;
-        otherwise, or when that fails, every open epoch fails with ``WorkerDiedError`` and
-        the pool is marked broken, so the next epoch starts a new one. Nothing in here may
-        leave a pool short of a worker without saying so."""
-        lost = [(t.gen, s, i) for t in death.tasks for s, i in t.batches]
-        for gen, seq, _ in lost:
-            self._losses[(gen, seq)] = self._losses.get((gen, seq), 0) + 1
-        retry = all(self._losses[(g, s)] <= _MAX_RESTARTS_PER_BATCH for g, s, _ in lost)
-        if self.on_worker_death == "restart" and retry and self.pool.can_restart:
-            try:
-                self.pool.restart(death.worker_id)
-                for task in death.tasks:
-                    if task.gen in self.routes:
-                        self.submit(task)
-            except BaseException as exc:
-                self.broken = exc  # the pool is short of a worker: rebuild it
-                for epoch in list(self.routes.values()):
-                    epoch._fail(exc)
-                raise
-            return
-        what = ", ".join(f"batch {s} (indices {short_indices(i)})" for _, s, i in lost[:4])
-        traceback_text = ""
-        if death.error is not None:  # a thread worker: it raised outside any batch
-            traceback_text = death.error.traceback_text
-            message = (
-                f"thread worker {death.worker_id} stopped: {death.where} raised "
-                f"{death.error.type_name}: {death.error.message}. It owed "
-                f"{what or 'no batch'}. The pool will be rebuilt for the next epoch (a "
-                f"thread is not restarted, whatever on_worker_death says).\n"
-                f"Original traceback (most recent call last, in the worker):\n"
-                f"{traceback_text.rstrip()}"
-            )
-        else:
-            if retry:
-                advice = (
-                    "The pool will be rebuilt for the next epoch; pass "
-                    "on_worker_death='restart' to replace the worker and finish the epoch."
-                )
-            else:
-                advice = (
-                    f"That batch killed a worker {_MAX_RESTARTS_PER_BATCH + 1} times, so it "
-                    f"was not retried again: the fault is in loading it, not in the worker."
-                )
-            if death.exitcode == -9:
-                advice += (
-                    " A SIGKILL often means the OOM killer: reduce num_workers, prefetch or "
-                    "batch_size."
-                )
-            message = (
-                f"worker {death.worker_id} (pid {death.pid}) "
-                f"{describe_exitcode(death.exitcode)} while loading {what or 'no batch'}. "
-                f"{advice}"
-            )
-        error = WorkerDiedError(
-            message,
-            pid=death.pid,
-            exitcode=death.exitcode,
-            worker_id=death.worker_id,
-            seq=lost[0][1] if lost else None,
-            indices=lost[0][2] if lost else None,
-            remote_traceback=traceback_text,
-        )
-        self.broken = error
-        for epoch in list(self.routes.values()):
-            epoch._fail(error)
+_iter_ids = itertools.count()
 
 
 class PooledEpoch:
-    """Iterates one epoch's batches through a ``Hub``."""
+    """Iterates one epoch's batches through a ``Router``."""
 
     def __init__(
         self,
-        hub: Hub,
+        router: Router,
         items: Iterator[Tuple[int, Sequence]],
         start: int,
         epoch: int,
@@ -221,10 +49,10 @@ class PooledEpoch:
         timeout: Optional[float],
         stats: Stats,
     ) -> None:
-        self._hub = hub
+        self._router = router
         self._items = items
         self._epoch = epoch
-        self._gen = next(_generations)
+        self._iter_id = next(_iter_ids)
         self._limit = max(prefetch, 1)
         self._timeout = timeout
         self._stats = stats
@@ -234,16 +62,16 @@ class PooledEpoch:
         self._error: Optional[BaseException] = None
         self._closed = False
         self._user_closed = False
-        hub.routes[self._gen] = self
+        router.routes[self._iter_id] = self
         self._finalizer = weakref.finalize(
-            self, _abandon, hub.routes, self._gen, self._buffer, hub.pool, stats
+            self, _abandon, router.routes, self._iter_id, self._buffer, router.pool, stats
         )
         self._fill(prefetch)
 
-    # -- called by the hub
+    # -- called by the router
     def _accept(self, result: Result) -> None:
         if self._closed:
-            self._hub.pool.discard(result)
+            self._router.pool.discard(result)
             return
         self._sent.pop(result.seq, None)
         self._buffer.put(result.seq, result)
@@ -261,7 +89,7 @@ class PooledEpoch:
         return len(self._sent) + len(self._buffer)
 
     def _fill(self, limit: int) -> None:
-        chunk = self._hub.chunk(self._limit)
+        chunk = self._router.chunk(self._limit)
         while not self._exhausted:
             in_flight = self._in_flight()
             k = min(chunk, limit - in_flight)
@@ -280,7 +108,7 @@ class PooledEpoch:
                     f"internal error: {self._in_flight()} batches in flight, "
                     f"more than the bound {self._limit}"
                 )
-            self._hub.submit(Task(self._gen, self._epoch, batches))
+            self._router.submit(Task(self._iter_id, self._epoch, batches))
 
     # -- iteration
     def __iter__(self) -> PooledEpoch:
@@ -304,11 +132,11 @@ class PooledEpoch:
         if not result.ok:
             self._end()
             raise result.payload.rebuild()
-        pool = self._hub.pool
+        pool = self._router.pool
         before = pool.bytes_delivered
         batch = pool.materialize(result)
         delivered = pool.bytes_delivered - before
-        self._stats.bytes += delivered if delivered else walk_nbytes(batch)
+        self._stats.bytes += delivered if delivered else batch_nbytes(batch)
         return batch
 
     def _wait(self, seq: int) -> Result:
@@ -324,18 +152,18 @@ class PooledEpoch:
             if self._timeout is not None:
                 elapsed = time.monotonic() - started
                 if elapsed > self._timeout:
-                    self._hub.broken = self._timeout_error(seq, indices, elapsed)
-                    raise self._hub.broken
+                    self._router.broken = self._timeout_error(seq, indices, elapsed)
+                    raise self._router.broken
                 wait = min(_POLL_INTERVAL_S, self._timeout - elapsed)
             else:
                 wait = _POLL_INTERVAL_S
-            self._hub.pump(max(wait, 0.0))
+            self._router.pump(max(wait, 0.0))
         result = buffer.pop()
         self._stats.reorder_depth = len(buffer)
         return result
 
     def _timeout_error(self, seq: int, indices, elapsed: float) -> LoaderTimeoutError:
-        kind = self._hub.pool.kind
+        kind = self._router.pool.kind
         causes = "a slow dataset __getitem__ or batchify_fn (raise timeout=...)"
         if kind == "process":
             causes += ", a worker stuck on a lock or I/O, or a system out of memory"
@@ -362,10 +190,10 @@ class PooledEpoch:
         self._finalizer()
 
 
-def _abandon(routes, gen: int, buffer: ReorderBuffer, pool, stats: Stats) -> None:
+def _abandon(routes, iter_id: int, buffer: ReorderBuffer, pool, stats: Stats) -> None:
     """End an epoch: stop routing its results and free the batches it buffered. Runs on
     close, at the end of the epoch, or when an abandoned epoch is garbage collected."""
-    routes.pop(gen, None)
+    routes.pop(iter_id, None)
     for _, result in buffer.drain():
         pool.discard(result)
     stats.reorder_depth = 0
@@ -397,29 +225,97 @@ class InlineEpoch:
             self._done = True
             raise
         batch = self._make(indices)
-        self._stats.bytes += walk_nbytes(batch)
+        self._stats.bytes += batch_nbytes(batch)
         return batch
 
     def close(self) -> None:
         self._closed = True
 
 
-def walk_nbytes(batch: Any) -> int:
-    """Bytes of every array leaf in a batch (for stats)."""
-    if isinstance(batch, (list, tuple)):
-        return sum(walk_nbytes(b) for b in batch)
-    if isinstance(batch, dict):
-        return sum(walk_nbytes(b) for b in batch.values())
-    if getattr(batch, "stype", "default") != "default":  # sparse: its stored values
-        return walk_nbytes(batch.data)
-    size = getattr(batch, "size", None)
-    dtype = getattr(batch, "dtype", None)
-    if size is None or dtype is None:
-        return 0
-    try:
-        return int(size) * np.dtype(dtype).itemsize
-    except (TypeError, NotImplementedError):
-        return 0
+class LoaderEpoch:
+    """What ``iter(loader)`` returns: counts batches for checkpoints and time for stats.
+
+    ``owner`` (the loader, held weakly) hears of every batch handed out
+    (``_batch_consumed(self)``) and of the end of the epoch (``_epoch_finished(self)``).
+    """
+
+    def __init__(
+        self, owner, source, epoch: int, consumed: int, start_state, pin, stats: Stats
+    ) -> None:
+        self._owner = weakref.ref(owner)
+        self._pin = pin
+        self._source = source
+        self._stats = stats
+        self.epoch = epoch
+        self.consumed = consumed
+        self.start_state = start_state
+        self._done = False
+        # One consumer at a time: two threads advancing one epoch would race on its state.
+        self._busy = threading.Lock()
+
+    def __iter__(self) -> LoaderEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(
+                "this loader iterator is being advanced by another thread; an epoch "
+                "iterator belongs to one consumer at a time (give each thread its own "
+                "iter(loader), or hand the iterator over between batches)"
+            )
+        try:
+            return self._next()
+        finally:
+            self._busy.release()
+
+    def _next(self) -> Any:
+        if _interrupts.pending:
+            _interrupts.raise_pending()
+        start = time.perf_counter()
+        if self._stats.started is None:
+            self._stats.started = start
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            self._finish()
+            raise
+        if self._pin is not None:
+            # On this thread, like Gluon: a host copy is a plain memcpy here (see device),
+            # cheaper than handing every batch across threads; a GPU copy is asynchronous.
+            batch = pin(batch, self._pin)  # Gluon's containers: tuples become lists
+        if _interrupts.pending:  # swallowed while this batch was on its way: not consumed
+            _interrupts.raise_pending()
+        stats = self._stats
+        waited = time.perf_counter() - start
+        stats.wait_s += waited
+        if stats.first_batch_s is None:
+            stats.first_batch_s = waited
+        stats.batches += 1
+        self.consumed += 1
+        owner = self._owner()
+        if owner is not None:
+            owner._batch_consumed(self)
+        return batch
+
+    next = __next__
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        owner = self._owner()
+        if owner is not None:
+            owner._epoch_finished(self)
+
+    def close(self) -> None:
+        self._done = True
+        close = getattr(self._source, "close", None)
+        if close is not None:
+            close()
+
+    def __len__(self) -> int:
+        owner = self._owner()
+        return len(owner) if owner is not None else 0
 
 
-__all__: List[str] = ["Hub", "PooledEpoch", "InlineEpoch", "Stats"]
+__all__: List[str] = ["InlineEpoch", "LoaderEpoch", "PooledEpoch"]

@@ -10,13 +10,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
+from .._compat import MX2
 from .._validate import check_choice, check_int
+from ..sampler._batch import LAST_POLICIES as LAST_BATCH_CHOICES
 
-LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
 ON_WORKER_DEATH_CHOICES = ("raise", "restart")
 MXNET_SEED_CHOICES = ("batch", "sample")
 
@@ -63,70 +64,87 @@ def check_dataset(dataset: Any) -> int:
     return len(dataset)
 
 
-def validate(
-    *,
-    batch_size,
-    shuffle,
-    sampler,
-    last_batch,
-    batch_sampler,
-    batchify_fn,
-    num_workers,
-    pin_memory,
-    pin_device_id,
-    prefetch,
-    thread_pool,
-    timeout,
-    auto_reload,
-    try_nopython,
-    seed,
-    mxnet_seed,
-    num_shards,
-    num_parts,
-    part_index,
-    even_size,
-    worker_init_fn,
-    start_method,
-    ctx,
-    on_worker_death,
-    device=None,
-) -> LoaderOptions:
-    """Check every argument of ``shardloader.ShardedDataLoader``."""
-    from .._compat import MX2
+def validate(**given: Any) -> LoaderOptions:
+    """Check every argument of ``shardloader.ShardedDataLoader`` but the dataset (``given``:
+    each by its parameter name); the options, in canonical types."""
     from .device import device_argument
 
-    ctx, ctx_name = device_argument(ctx, device)
-    if batch_sampler is None:
-        if batch_size is None:
+    v = dict(given)
+    v["ctx"], v["ctx_name"] = device_argument(v["ctx"], v.pop("device"))
+    _check_batching(v)
+    for name in ("batchify_fn", "worker_init_fn"):
+        if v[name] is not None and not callable(v[name]):
+            raise TypeError(f"{name} must be callable, got {type(v[name]).__name__}")
+    v["num_workers"] = check_int("num_workers", v["num_workers"])
+    v["pin_device_id"] = check_int("pin_device_id", v["pin_device_id"])
+    if v["prefetch"] is None:
+        v["prefetch"] = 2 * v["num_workers"]
+    v["prefetch"] = check_int("prefetch", v["prefetch"])
+    v["timeout"] = _check_timeout(v["timeout"])
+    v["try_nopython"] = _check_try_nopython(v["try_nopython"])
+    if v["seed"] is not None:
+        v["seed"] = check_int("seed", v["seed"])
+    check_choice("mxnet_seed", v["mxnet_seed"], MXNET_SEED_CHOICES)
+    _check_sharding(v)
+    methods = mp.get_all_start_methods()
+    if v["start_method"] is None:
+        v["start_method"] = "fork" if "fork" in methods else mp.get_start_method()
+    check_choice("start_method", v["start_method"], methods)
+    check_choice("on_worker_death", v["on_worker_death"], ON_WORKER_DEATH_CHOICES)
+    if v["ctx"] is not None and v["pin_memory"]:
+        name = v["ctx_name"]
+        raise ValueError(
+            f"pin_memory and {name} must not both be given: {name} already places "
+            f"each batch (use mx.cpu_pinned(i) in {name} to pin)"
+        )
+    for name in ("shuffle", "pin_memory", "thread_pool", "auto_reload", "even_size"):
+        v[name] = bool(v[name])
+    for name in ("sampler", "batch_sampler", "batchify_fn"):
+        del v[name]  # the loader builds its batch sampler and batchify from these itself
+    return LoaderOptions(**v)
+
+
+def _check_batching(v: Dict[str, Any]) -> None:
+    """Gluon's rules for batch_size, shuffle, sampler, last_batch and batch_sampler."""
+    if v["batch_sampler"] is None:
+        if v["batch_size"] is None:
             raise ValueError("batch_size must be specified unless batch_sampler is specified")
-        batch_size = check_int("batch_size", batch_size, 1)
-        if sampler is not None and shuffle:
+        v["batch_size"] = check_int("batch_size", v["batch_size"], 1)
+        if v["sampler"] is not None and v["shuffle"]:
             raise ValueError("shuffle must not be specified if sampler is specified")
-        if last_batch is not None:
-            check_choice("last_batch", last_batch, LAST_BATCH_CHOICES)
-    elif batch_size is not None or shuffle or sampler is not None or last_batch is not None:
+        if v["last_batch"] is not None:
+            check_choice("last_batch", v["last_batch"], LAST_BATCH_CHOICES)
+    elif v["shuffle"] or any(v[k] is not None for k in ("batch_size", "sampler", "last_batch")):
         raise ValueError(
             "batch_size, shuffle, sampler and last_batch must not be specified "
             "if batch_sampler is specified."
         )
-    if batchify_fn is not None and not callable(batchify_fn):
-        raise TypeError(f"batchify_fn must be callable, got {type(batchify_fn).__name__}")
-    if worker_init_fn is not None and not callable(worker_init_fn):
-        raise TypeError(f"worker_init_fn must be callable, got {type(worker_init_fn).__name__}")
-    num_workers = check_int("num_workers", num_workers, 0)
-    pin_device_id = check_int("pin_device_id", pin_device_id, 0)
-    if prefetch is None:
-        prefetch = 2 * num_workers
-    prefetch = check_int("prefetch", prefetch, 0)
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-            raise TypeError(
-                f"timeout must be a positive number of seconds or None, got {timeout!r}"
-            )
-        if timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
-        timeout = float(timeout)
-    if try_nopython is not None and not isinstance(try_nopython, (bool, np.bool_)):
+
+
+def _check_sharding(v: Dict[str, Any]) -> None:
+    v["num_shards"] = check_int("num_shards", v["num_shards"])
+    v["num_parts"] = check_int("num_parts", v["num_parts"], 1)
+    v["part_index"] = check_int("part_index", v["part_index"])
+    if v["part_index"] >= v["num_parts"]:
+        raise ValueError(
+            f"part_index must be in [0, num_parts={v['num_parts']}), got {v['part_index']}"
+        )
+
+
+def _check_timeout(timeout: Any) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout}")
+    return float(timeout)
+
+
+def _check_try_nopython(try_nopython: Any) -> Optional[bool]:
+    if try_nopython is None:
+        return None
+    if not isinstance(try_nopython, (bool, np.bool_)):
         raise TypeError(
             f"try_nopython must be None, True or False, got {try_nopython!r} "
             f"(type {type(try_nopython).__name__})"
@@ -139,45 +157,4 @@ def validate(
             f"{mx.__version__} does not have; use try_nopython=None or False (shardloader's "
             "worker processes already avoid Python overhead on the transfer path)"
         )
-    if seed is not None:
-        seed = check_int("seed", seed, 0)
-    check_choice("mxnet_seed", mxnet_seed, MXNET_SEED_CHOICES)
-    num_shards = check_int("num_shards", num_shards, 0)
-    num_parts = check_int("num_parts", num_parts, 1)
-    part_index = check_int("part_index", part_index, 0)
-    if part_index >= num_parts:
-        raise ValueError(f"part_index must be in [0, num_parts={num_parts}), got {part_index}")
-    methods = mp.get_all_start_methods()
-    if start_method is None:
-        start_method = "fork" if "fork" in methods else mp.get_start_method()
-    check_choice("start_method", start_method, methods)
-    check_choice("on_worker_death", on_worker_death, ON_WORKER_DEATH_CHOICES)
-    if ctx is not None and pin_memory:
-        raise ValueError(
-            f"pin_memory and {ctx_name} must not both be given: {ctx_name} already places "
-            f"each batch (use mx.cpu_pinned(i) in {ctx_name} to pin)"
-        )
-    return LoaderOptions(
-        batch_size=batch_size,
-        shuffle=bool(shuffle),
-        last_batch=last_batch,
-        num_workers=num_workers,
-        pin_memory=bool(pin_memory),
-        pin_device_id=pin_device_id,
-        prefetch=prefetch,
-        thread_pool=bool(thread_pool),
-        timeout=timeout,
-        auto_reload=bool(auto_reload),
-        seed=seed,
-        mxnet_seed=mxnet_seed,
-        num_shards=num_shards,
-        num_parts=num_parts,
-        part_index=part_index,
-        even_size=bool(even_size),
-        worker_init_fn=worker_init_fn,
-        start_method=start_method,
-        ctx=ctx,
-        on_worker_death=on_worker_death,
-        ctx_name=ctx_name,
-        try_nopython=None if try_nopython is None else bool(try_nopython),
-    )
+    return bool(try_nopython)

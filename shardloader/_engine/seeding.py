@@ -13,6 +13,10 @@ from typing import Optional
 import numpy as np
 
 _MASK64 = (1 << 64) - 1
+# Epoch number used to derive per-worker (not per-sample) seeds.
+_WORKER_SEED_EPOCH = -1
+# Keeps MXNet's per-batch seeds apart from the per-sample seeds of the same indices.
+MXNET_SEED_DOMAIN = 0x5EED_4D58
 
 
 def fresh_seed() -> int:
@@ -90,3 +94,17 @@ class GlobalRNGState:
     def __exit__(self, *exc) -> None:
         random.setstate(self._py)
         np.random.set_state(self._np)
+
+
+def seed_thread_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:
+    """Give a worker thread its own MXNet stream: MXNet 1.9.1's RNG is per thread, and every
+    new thread starts from the same state. ``random`` and ``numpy.random`` belong to the
+    whole process (the caller too) and are left alone."""
+    base = seed if seed is not None else entropy
+    seed_mxnet(derive_seed(base, _WORKER_SEED_EPOCH, worker_id))
+
+
+def seed_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:
+    """Give each worker its own RNG streams, so forked workers never repeat each other."""
+    base = seed if seed is not None else entropy
+    seed_all(derive_seed(base, _WORKER_SEED_EPOCH, worker_id))

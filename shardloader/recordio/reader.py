@@ -222,67 +222,13 @@ class RecordDataset(Dataset):
         chunks = []
         start, flags = offset, _FIRST_FLAGS
         while True:
-            if len(header) < _HEADER_BYTES:
-                raise self._error(
-                    position,
-                    f"the file ends inside the chunk header at byte {start}; it was truncated",
-                )
-            magic, word = _HEADER.unpack(header)
-            if magic != _MAGIC:
-                what = "no record starts here" if start == offset else "a chunk header is corrupt"
-                raise self._error(
-                    position,
-                    f"{what}: expected RecordIO's magic number at byte {start}, found "
-                    f"0x{magic:08x}; the file is corrupt, or the .idx offset is wrong",
-                )
-            flag, length = word >> 29, word & _LENGTH_MASK
-            if flag not in flags:
-                raise self._error(
-                    position,
-                    f"the chunk header at byte {start} has continuation flag {flag}, expected "
-                    f"{' or '.join(map(str, flags))}; the header is corrupt",
-                )
-            padded = (length + 3) & ~3
-            end = start + _HEADER_BYTES + padded
-            if end > limit:
-                raise self._error(
-                    position,
-                    f"the length field at byte {start + 4} says {length} bytes, so the record "
-                    f"would end at byte {end}, past byte {limit} where {where}; the file is "
-                    f"corrupt or truncated",
-                )
-            if flag not in _LAST_FLAGS and length % 4:
-                raise self._error(
-                    position,
-                    f"the chunk at byte {start} is continued but its length {length} is not a "
-                    f"multiple of 4; the header is corrupt",
-                )
+            flag, length, padded, end = self._chunk_header(
+                position, header, start, offset, flags, limit, where
+            )
             # The data, its padding and, when something follows, the next header.
             following = min(padded + _HEADER_BYTES, limit - start - _HEADER_BYTES)
             blob = reader.pread(following, start + _HEADER_BYTES)
-            if len(blob) < padded:
-                raise self._error(
-                    position,
-                    f"the file ends at byte {start + 8 + len(blob)}, inside this record; the "
-                    f"file is corrupt or truncated",
-                )
-            view = memoryview(blob)
-            if view[length:padded] != bytes(padded - length):
-                raise self._error(
-                    position,
-                    f"the padding bytes at {start + _HEADER_BYTES + length}-"
-                    f"{start + _HEADER_BYTES + padded - 1} are not zero; the length field at "
-                    f"byte {start + 4} ({length}) is corrupt",
-                )
-            inside = _aligned_magic(blob, length)
-            if inside >= 0:
-                # The writer splits a record at every 4-aligned magic number, so a chunk that
-                # holds one has swallowed a header: its length field is too large.
-                raise self._error(
-                    position,
-                    f"its chunk at byte {start} runs over a record header at byte "
-                    f"{start + _HEADER_BYTES + inside}; the length field ({length}) is corrupt",
-                )
+            view = self._chunk_data(position, blob, start, length, padded)
             chunks.append(view[:length])
             header = view[padded:]
             start = end
@@ -299,6 +245,73 @@ class RecordDataset(Dataset):
         if len(chunks) == 1:
             return bytes(chunks[0])
         return _MAGIC_BYTES.join(chunks)
+
+    def _chunk_header(self, position, header, start, offset, flags, limit, where):
+        """Check the chunk header at byte ``start``; its ``(flag, length, padded, end)``."""
+        if len(header) < _HEADER_BYTES:
+            raise self._error(
+                position,
+                f"the file ends inside the chunk header at byte {start}; it was truncated",
+            )
+        magic, word = _HEADER.unpack(header)
+        if magic != _MAGIC:
+            what = "no record starts here" if start == offset else "a chunk header is corrupt"
+            raise self._error(
+                position,
+                f"{what}: expected RecordIO's magic number at byte {start}, found "
+                f"0x{magic:08x}; the file is corrupt, or the .idx offset is wrong",
+            )
+        flag, length = word >> 29, word & _LENGTH_MASK
+        if flag not in flags:
+            raise self._error(
+                position,
+                f"the chunk header at byte {start} has continuation flag {flag}, expected "
+                f"{' or '.join(map(str, flags))}; the header is corrupt",
+            )
+        padded = (length + 3) & ~3
+        end = start + _HEADER_BYTES + padded
+        if end > limit:
+            raise self._error(
+                position,
+                f"the length field at byte {start + 4} says {length} bytes, so the record "
+                f"would end at byte {end}, past byte {limit} where {where}; the file is "
+                f"corrupt or truncated",
+            )
+        if flag not in _LAST_FLAGS and length % 4:
+            raise self._error(
+                position,
+                f"the chunk at byte {start} is continued but its length {length} is not a "
+                f"multiple of 4; the header is corrupt",
+            )
+        return flag, length, padded, end
+
+    def _chunk_data(self, position, blob, start, length, padded) -> memoryview:
+        """Check a chunk's data, read from just after its header: present, zero-padded,
+        and with no record header inside it."""
+        if len(blob) < padded:
+            raise self._error(
+                position,
+                f"the file ends at byte {start + 8 + len(blob)}, inside this record; the "
+                f"file is corrupt or truncated",
+            )
+        view = memoryview(blob)
+        if view[length:padded] != bytes(padded - length):
+            raise self._error(
+                position,
+                f"the padding bytes at {start + _HEADER_BYTES + length}-"
+                f"{start + _HEADER_BYTES + padded - 1} are not zero; the length field at "
+                f"byte {start + 4} ({length}) is corrupt",
+            )
+        inside = _aligned_magic(blob, length)
+        if inside >= 0:
+            # The writer splits a record at every 4-aligned magic number, so a chunk that
+            # holds one has swallowed a header: its length field is too large.
+            raise self._error(
+                position,
+                f"its chunk at byte {start} runs over a record header at byte "
+                f"{start + _HEADER_BYTES + inside}; the length field ({length}) is corrupt",
+            )
+        return view
 
 
 def _header_label(header: Any) -> Union[np.float32, np.ndarray]:

@@ -28,17 +28,12 @@ within a pass, except samples that fill a last step which has fewer samples than
 ``last_group='pad'``) asks for.
 """
 
-from ._base import (
-    FilledStep,
-    FilterSampler,
-    IntervalSampler,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-)
+from ._base import FilledStep, Sampler
 from ._batch import BatchSampler, ShardGroupSampler, fill_step
-from ._bucket import FixedBucketSampler, SortedBucketSampler, SortedSampler
+from ._bucket import FixedBucketSampler
+from ._index import FilterSampler, IntervalSampler, RandomSampler, SequentialSampler
 from ._scheme import BucketScheme, ConstWidthBucket, ExpWidthBucket, LinearWidthBucket
+from ._sorted import SortedBucketSampler, SortedSampler
 from ._split import PartitionSampler, SplitSampler
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The sampler protocol, argument checks, and Gluon's three index samplers.
+"""The sampler protocol: the ``Sampler`` base class, ``FilledStep``, and the mixins of random
+samplers and of samplers that wrap another one.
 
 Every shardloader sampler keeps two numbers besides its configuration:
 
@@ -22,98 +23,16 @@ learns about it.
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
-import numpy as np
 from mxnet.gluon.data.sampler import Sampler as _GluonSampler
 
-from .._engine.seeding import epoch_rng, fresh_seed
-from .._validate import check_bool, check_int
+from .._engine.seeding import fresh_seed
+from .._validate import check_int
+from ._state import StateTypeError, same_value, state_int, state_value
 
-__all__ = [
-    "Sampler",
-    "SequentialSampler",
-    "RandomSampler",
-    "FilterSampler",
-    "IntervalSampler",
-    "FilledStep",
-]
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument checks shared by every sampler module (the generic ones are in shardloader._validate).
-
-
-def check_seed(seed: Any, random: bool = True) -> Optional[int]:
-    """The base seed: ``seed`` as an ``int``; for ``None``, ``fresh_seed()`` if the sampler
-    is ``random``, else ``None`` (a sampler that never shuffles leaves the global RNG alone)."""
-    if seed is None:
-        return fresh_seed() if random else None
-    return check_int("seed", seed, minimum=None)
-
-
-def plain(value: Any) -> Any:
-    """``value`` with numpy scalars and tuples turned into JSON-ready ints and lists."""
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def plain_dict(state: Dict[str, Any]) -> Dict[str, Any]:
-    """A copy of ``state`` with every value made JSON-ready by ``plain``."""
-    return {key: plain_dict(v) if isinstance(v, dict) else plain(v) for key, v in state.items()}
-
-
-def state_value(state: Dict[str, Any], key: str, owner: str) -> Any:
-    """``state[key]``, or a ``ValueError`` saying that the state lacks it."""
-    if key not in state:
-        keys = sorted(map(repr, state))
-        raise ValueError(f"{owner} state_dict is missing {key!r}; got keys [{', '.join(keys)}]")
-    return state[key]
-
-
-class StateTypeError(ValueError, TypeError):
-    """A value of the wrong type in a state given to ``load_state_dict``.
-
-    A ``ValueError``, like every other problem with a state, and a ``TypeError`` too, for
-    code that caught the ``TypeError`` raised for a state that is not a dict.
-    """
-
-
-def check_state_int(name: str, value: Any, minimum: Optional[int] = 0) -> int:
-    """``check_int`` for a field of a saved state: a value of the wrong type raises a
-    ``StateTypeError``, so that code catching either ``ValueError`` or ``TypeError`` sees it."""
-    try:
-        return check_int(name, value, minimum)
-    except TypeError as exc:
-        raise StateTypeError(str(exc)) from None
-
-
-def state_int(state: Dict[str, Any], key: str, owner: str, minimum: Optional[int] = 0) -> int:
-    """``state[key]`` as an ``int`` no smaller than ``minimum``, naming the field on error."""
-    value = state_value(state, key, owner)
-    return check_state_int(f"{owner} state_dict[{key!r}]", value, minimum)
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Whether two JSON-ready values are equal and of the same type, so that ``1.0`` or
-    ``True`` in a state is not taken for ``1`` (tuples and lists are the same type)."""
-    a, b = plain(a), plain(b)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
-
-
-# ---------------------------------------------------------------------------------------------
-# The protocol.
+__all__ = ["Sampler", "FilledStep"]
 
 
 class FilledStep(list):
@@ -387,6 +306,14 @@ class Sampler(_GluonSampler):
         self._resume = offset
 
 
+def check_seed(seed: Any, random: bool = True) -> Optional[int]:
+    """The base seed: ``seed`` as an ``int``; for ``None``, ``fresh_seed()`` if the sampler
+    is ``random``, else ``None`` (a sampler that never shuffles leaves the global RNG alone)."""
+    if seed is None:
+        return fresh_seed() if random else None
+    return check_int("seed", seed, minimum=None)
+
+
 class _SeededMixin:
     """The ``seed`` attribute and its place in the state of a random sampler."""
 
@@ -408,260 +335,3 @@ class _SeededMixin:
             )
         if state["seed"] is not None:
             self._seed = state_int(state, "seed", name, minimum=None)
-
-
-def forward_epoch(sampler: Any, epoch: int) -> None:
-    """``sampler.set_epoch(epoch)`` if it has one (a plain Gluon sampler has not)."""
-    set_epoch = getattr(sampler, "set_epoch", None)
-    if callable(set_epoch):
-        set_epoch(epoch)
-
-
-def check_sampler(name: str, sampler: Any) -> Any:
-    """``sampler`` if it looks like a sampler (iterable and sized), else a ``TypeError``."""
-    if not (hasattr(sampler, "__iter__") and hasattr(sampler, "__len__")):
-        raise TypeError(
-            f"{name} must be a sampler (an iterable with __len__), got {type(sampler).__name__}"
-        )
-    return sampler
-
-
-class _WrapperMixin:
-    """Epoch forwarding and nested state for a sampler that wraps another one (``_sampler``).
-
-    A pass of the wrapper runs one full pass of the wrapped sampler at the same epoch. The
-    wrapped sampler's state is recorded as of the start of that pass (offset 0), and its
-    length is checked after that state is restored, because a rollover carry changes it.
-    """
-
-    _sampler: Any
-    _epoch: int
-
-    def __iter__(self) -> Iterator:
-        forward_epoch(self._sampler, self._epoch)
-        return super().__iter__()  # type: ignore[misc]
-
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)  # type: ignore[misc]
-        forward_epoch(self._sampler, self._epoch)
-
-    def _inner_replay(self) -> Dict[str, Any]:
-        inner: Optional[Dict[str, Any]] = None
-        state_dict = getattr(self._sampler, "state_dict", None)
-        if callable(state_dict):
-            inner = dict(state_dict())
-            if "epoch" in inner:
-                inner.update(epoch=self._epoch, offset=0)
-            inner = plain_dict(inner)
-        return {"length": len(self._sampler), "sampler": inner}
-
-    def _load_inner(self, state: Dict[str, Any]) -> None:
-        """Load the wrapped sampler's state; on a probe (see ``Sampler.load_state_dict``)
-        this changes only the wrapped sampler's probe, or, for a wrapped sampler that is not
-        one of ours, defers its ``load_state_dict`` until the whole state has been checked."""
-        name = type(self).__name__
-        inner = state_value(state, "sampler", name)
-        length = state_int(state, "length", name)
-        wrapped = self._sampler
-        load = getattr(wrapped, "load_state_dict", None)
-        if inner is None:
-            if callable(getattr(wrapped, "state_dict", None)) and callable(load):
-                raise StateTypeError(
-                    f"{name} state_dict['sampler'] must be the state of the wrapped "
-                    f"{type(wrapped).__name__} (a dict from its state_dict()), got None"
-                )
-        elif not callable(load):
-            raise ValueError(
-                f"{name} state_dict holds the state of a wrapped sampler, but the wrapped "
-                f"{type(wrapped).__name__} has no load_state_dict"
-            )
-        elif isinstance(wrapped, Sampler):
-            try:
-                load(inner)
-            except ValueError as exc:
-                kind = StateTypeError if isinstance(exc, StateTypeError) else ValueError
-                raise kind(f"{name} state_dict['sampler']: {exc}") from exc
-        else:
-            deferred = self.__dict__.get("_probe_deferred")
-            if deferred is None:
-                load(inner)
-            else:
-                deferred.append(lambda: load(inner))
-        if length != len(wrapped):
-            raise ValueError(
-                f"{name} state_dict mismatch: the wrapped sampler's length is {length!r} in "
-                f"the state but {len(wrapped)} here"
-            )
-        if isinstance(inner, dict) and "epoch" in inner:
-            # _inner_replay records the wrapped sampler as the pass starts: at this epoch, at
-            # offset 0 (a pass of the wrapper runs a whole pass of the wrapped sampler).
-            epoch = state_int(state, "epoch", name)
-            for key, expected in (("epoch", epoch), ("offset", 0)):
-                if key in inner and not same_value(inner[key], expected):
-                    raise ValueError(
-                        f"{name} state_dict['sampler'][{key!r}] must be {expected}, as the "
-                        f"wrapped sampler's state is saved at the start of the pass of "
-                        f"state_dict['epoch']={epoch}; got {inner[key]!r:.100}"
-                    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Gluon's index samplers.
-
-
-class SequentialSampler(Sampler):
-    """Yields ``start, start + 1, ..., start + length - 1`` on every pass, as Gluon's does.
-
-    Parameters
-    ----------
-    length : int
-        Number of indices.
-    start : int, default 0
-        The first index.
-
-    Examples
-    --------
-    >>> list(SequentialSampler(4, start=2))
-    [2, 3, 4, 5]
-    """
-
-    def __init__(self, length: int, start: int = 0) -> None:
-        self._length = check_int("length", length)
-        self._start = check_int("start", start, minimum=None)
-
-    def __len__(self) -> int:
-        return self._length
-
-    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
-        return iter(range(self._start + start, self._start + self._length))
-
-    def _config(self) -> Dict[str, Any]:
-        return {"length": self._length, "start": self._start}
-
-
-class RandomSampler(_SeededMixin, Sampler):
-    """Yields a permutation of ``range(length)`` drawn from ``(seed, epoch)``.
-
-    Unlike Gluon's, which draws from numpy's global RNG, the order does not depend on
-    anything else the program does; it changes with the epoch, which ``set_epoch`` sets and
-    each pass advances.
-
-    Parameters
-    ----------
-    length : int
-        Number of indices.
-    seed : int or None, keyword-only
-        Base seed. ``None`` draws one from numpy's global RNG at construction, so
-        ``np.random.seed(...)`` beforehand makes a program reproducible, as with Gluon.
-
-    Examples
-    --------
-    >>> sampler = RandomSampler(5, seed=42)
-    >>> first = list(sampler)
-    >>> sorted(first)
-    [0, 1, 2, 3, 4]
-    >>> sampler.set_epoch(0)
-    >>> list(sampler) == first
-    True
-    """
-
-    def __init__(self, length: int, *, seed: Optional[int] = None) -> None:
-        self._length = check_int("length", length)
-        self._seed = check_seed(seed)
-
-    def __len__(self) -> int:
-        return self._length
-
-    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
-        order = epoch_rng(self._seed, epoch).permutation(self._length)
-        return iter(order[start:].tolist())
-
-    def _config(self) -> Dict[str, Any]:
-        return {"length": self._length}
-
-
-class FilterSampler(Sampler):
-    """Yields, in order, the indices of the samples of ``dataset`` for which ``fn`` is true.
-
-    As in Gluon, ``dataset`` is scanned once, at construction.
-
-    Parameters
-    ----------
-    fn : callable
-        Takes a sample and returns a truth value.
-    dataset : iterable
-        The dataset to filter.
-
-    Examples
-    --------
-    >>> list(FilterSampler(lambda x: x % 3 == 0, [3, 4, 5, 6, 9]))
-    [0, 3, 4]
-    """
-
-    def __init__(self, fn: Callable[[Any], Any], dataset: Iterable) -> None:
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, got {fn!r} ({type(fn).__name__})")
-        self._fn = fn
-        self._dataset = dataset
-        self._indices: List[int] = [i for i, sample in enumerate(dataset) if fn(sample)]
-
-    def __len__(self) -> int:
-        return len(self._indices)
-
-    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
-        return iter(self._indices[start:])
-
-    def _config(self) -> Dict[str, Any]:
-        return {"length": len(self._indices)}
-
-
-class IntervalSampler(Sampler):
-    """Yields every ``interval``-th index of ``range(length)``, then, with ``rollover``, the
-    same from 1, from 2, ... until every index has come once: MXNet 2.x's
-    ``gluon.data.IntervalSampler`` (1.x's ``gluon.contrib.data.IntervalSampler``), in the
-    same order.
-
-    Unlike MXNet's, whose ``len()`` is ``length`` even with ``rollover=False``,
-    ``len()`` is the number of indices a pass yields, so a ``BatchSampler`` over it counts
-    its batches right.
-
-    Parameters
-    ----------
-    length : int
-        Number of indices.
-    interval : int
-        The step between two indices of one sweep, from 1 to ``length``.
-    rollover : bool, default True
-        Sweep again from each skipped start, so every index comes once; ``False`` stops
-        after the sweep from 0.
-
-    Examples
-    --------
-    >>> list(IntervalSampler(13, interval=3))
-    [0, 3, 6, 9, 12, 1, 4, 7, 10, 2, 5, 8, 11]
-    >>> sampler = IntervalSampler(13, interval=3, rollover=False)
-    >>> list(sampler), len(sampler)
-    ([0, 3, 6, 9, 12], 5)
-    """
-
-    def __init__(self, length: int, interval: int, rollover: bool = True) -> None:
-        self._length = check_int("length", length)
-        self._interval = check_int("interval", interval, minimum=1)
-        if self._interval > self._length:
-            raise ValueError(
-                f"interval must be an int in [1, length={self._length}], got {self._interval}"
-            )
-        self._rollover = check_bool("rollover", rollover)
-
-    def __len__(self) -> int:
-        if self._rollover:
-            return self._length
-        return -(-self._length // self._interval)
-
-    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
-        sweeps = self._interval if self._rollover else 1
-        order = (j for i in range(sweeps) for j in range(i, self._length, self._interval))
-        return itertools.islice(order, start, None)
-
-    def _config(self) -> Dict[str, Any]:
-        return {"length": self._length, "interval": self._interval, "rollover": self._rollover}

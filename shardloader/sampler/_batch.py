@@ -15,42 +15,84 @@ step before it (or, in a pass of a single step, of that step) to give every shar
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generator,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 import numpy as np
 
 from .._validate import check_choice, check_int
-from ._base import (
-    FilledStep,
-    Sampler,
-    _WrapperMixin,
-    check_sampler,
-    plain,
-    state_value,
-)
+from ._base import FilledStep, Sampler
+from ._state import StateTypeError, is_index, json_ready, state_value
+from ._wrap import _WrapperMixin, check_sampler, initial_epoch
 
 __all__ = ["BatchSampler", "ShardGroupSampler", "fill_step"]
 
+# The one definition of the last-batch policies, which the loader's ``last_batch`` takes too.
 LAST_POLICIES = ("keep", "discard", "rollover")
 GROUP_POLICIES = ("keep", "partial", "discard", "rollover")
 
-
-def _initial_epoch(sampler: Any) -> int:
-    """A wrapper starts at the epoch its wrapped sampler is at, if that has one."""
-    epoch = getattr(sampler, "epoch", 0)
-    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+# What ``full_groups`` returns after its last full group: the short rest (possibly empty),
+# the last full group (``None`` if there was none), and how many groups were left to skip.
+Rest = Tuple[List[Any], Optional[List[Any]], int]
 
 
-def _is_index(value: Any) -> bool:
-    """Whether a value in a state is an index: an int, not a bool."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-
-def _count(total: int, size: int, policy: str) -> int:
-    """How many groups of ``size`` a policy makes of ``total`` items."""
-    if policy in ("keep", "partial"):
+def count_groups(total: int, size: int, keep_short: bool) -> int:
+    """How many groups of ``size`` come of ``total`` items: the full ones, and the short last
+    one if ``keep_short``."""
+    if keep_short:
         return (total + size - 1) // size
     return total // size
+
+
+def full_groups(
+    items: Iterator[Any],
+    size: int,
+    carry: Iterable[Any] = (),
+    skip: int = 0,
+    check: Optional[Callable[[Any], None]] = None,
+) -> Generator[List[Any], None, Rest]:
+    """The full groups of ``size`` consecutive items of ``items``, the first starting with the
+    items of ``carry``, without the first ``skip`` of them; ``check`` sees every item first.
+
+    Its return value (``rest = yield from full_groups(...)``) is a ``Rest``: what a
+    last-group policy decides on.
+    """
+    # Slices rather than a loop per item: this runs for every batch of every epoch.
+    group = list(carry)
+    previous: Optional[List[Any]] = None
+    while True:
+        group.extend(itertools.islice(items, size - len(group)))
+        if check is not None:
+            for item in group:
+                check(item)
+        if len(group) < size:
+            return group, previous, skip
+        if skip:
+            skip -= 1
+        else:
+            yield group
+        previous, group = group, []
+
+
+def last_step(
+    tail: List[Any], previous: Optional[List[Any]], num_shards: int, policy: str
+) -> List[Any]:
+    """The step that ``'keep'`` (see ``fill_step``) or ``'partial'`` (``tail`` as it is) makes
+    of ``tail``, the short last step of a pass; ``previous`` is the full step before it."""
+    if policy == "partial":
+        return tail
+    before = [i for batch in reversed(previous or []) for i in reversed(batch)]
+    return fill_step(tail, num_shards, before)
 
 
 def fill_step(tail: Sequence[Sequence[Any]], num_shards: int, before: Sequence[Any] = ()) -> list:
@@ -82,24 +124,7 @@ def fill_step(tail: Sequence[Sequence[Any]], num_shards: int, before: Sequence[A
     if total == 0 or (len(tail) == num_shards and len(batches) == num_shards):
         return list(tail)
     if total >= num_shards:
-        pieces = [1] * len(batches)
-        for _ in range(num_shards - len(batches)):
-            widest = max(
-                range(len(batches)),
-                key=lambda b: (
-                    -(-len(batches[b]) // pieces[b]) if pieces[b] < len(batches[b]) else 0
-                ),
-            )
-            pieces[widest] += 1
-        step = []
-        for batch, count in zip(batches, pieces):
-            size, extra = divmod(len(batch), count)
-            begin = 0
-            for k in range(count):
-                end = begin + size + (k < extra)
-                step.append(batch[begin:end])
-                begin = end
-        return step
+        return _spread(batches, num_shards)
     own = [i for batch in batches for i in batch]
     pool = list(before) or own
     missing = num_shards - total
@@ -107,23 +132,59 @@ def fill_step(tail: Sequence[Sequence[Any]], num_shards: int, before: Sequence[A
     return FilledStep(shards, repeated=missing)
 
 
+def _spread(batches: List[List[Any]], num_shards: int) -> List[List[Any]]:
+    """``batches`` (non-empty, with at least ``num_shards`` samples in all) cut into
+    ``num_shards`` contiguous pieces, as ``fill_step`` describes."""
+    pieces = [1] * len(batches)
+    for _ in range(num_shards - len(batches)):
+        widest = max(
+            range(len(batches)),
+            key=lambda b: -(-len(batches[b]) // pieces[b]) if pieces[b] < len(batches[b]) else 0,
+        )
+        pieces[widest] += 1
+    step = []
+    for batch, count in zip(batches, pieces):
+        size, extra = divmod(len(batch), count)
+        begin = 0
+        for k in range(count):
+            end = begin + size + (k < extra)
+            step.append(batch[begin:end])
+            begin = end
+    return step
+
+
 class _Grouper(_WrapperMixin, Sampler):
     """Groups the items of a wrapped sampler into lists of ``_size``, with a last-group policy.
 
-    Subclasses set ``_sampler``, ``_size``, ``_policy``, ``_carry`` and ``_epoch``, and may
-    check each item with ``_check_item``.
+    One constructor serves both subclasses: ``_arg_names`` names its three arguments (the
+    wrapped sampler, the group size and the policy) in messages and in ``state_dict``, and
+    ``_policies`` lists the policies. Subclasses say what ``'keep'`` makes of a short last
+    group (``_last_group``) and may check each item (``_check_item``).
     """
 
-    _sampler: Any
-    _size: int
-    _policy: str
-    _carry: List[Any]
+    _arg_names: Tuple[str, str, str]
+    _policies: Tuple[str, ...]
+
+    def __init__(self, sampler: Any, size: int, policy: str) -> None:
+        sampler_name, size_name, policy_name = self._arg_names
+        self._sampler = check_sampler(sampler_name, sampler)
+        if getattr(sampler, "yields_steps", False):
+            raise ValueError(self._steps_message(sampler))
+        self._size = check_int(size_name, size, minimum=1)
+        self._policy = check_choice(policy_name, policy, self._policies)
+        self._carry: List[Any] = []
+        self._epoch = initial_epoch(sampler)
+
+    @staticmethod
+    def _steps_message(sampler: Any) -> str:
+        """The message refusing a wrapped ``sampler`` that yields steps."""
+        raise NotImplementedError
 
     def __len__(self) -> int:
         total = len(self._sampler)
         if self._policy == "rollover":
             total += len(self._carry)
-        return _count(total, self._size, self._policy)
+        return count_groups(total, self._size, self._policy in ("keep", "partial"))
 
     def _iter_epoch(self, epoch: int, start: int) -> Iterator[List[Any]]:
         # As in Gluon, the carry is taken when the pass starts: a pass given up half way loses
@@ -132,30 +193,15 @@ class _Grouper(_WrapperMixin, Sampler):
         return self._groups(carry, start)
 
     def _groups(self, carry: List[Any], skip: int) -> Iterator[List[Any]]:
-        # Slices rather than a loop per item: this runs for every batch of every epoch.
-        size = self._size
-        items = iter(self._sampler)
         check = None if type(self)._check_item is _Grouper._check_item else self._check_item
-        group = list(carry)
-        previous: Optional[List[Any]] = None
-        while True:
-            group.extend(itertools.islice(items, size - len(group)))
-            if check is not None:
-                for item in group:
-                    check(item)
-            if len(group) < size:
-                break
-            if skip:
-                skip -= 1
-            else:
-                yield group
-            previous, group = group, []
-        if not group:
+        items = iter(self._sampler)
+        tail, previous, skip = yield from full_groups(items, self._size, carry, skip, check)
+        if not tail:
             return
         if self._policy == "rollover":
-            self._carry = group
+            self._carry = tail
         elif self._policy != "discard" and not skip:
-            yield self._last_group(group, previous)
+            yield self._last_group(tail, previous)
 
     def _last_group(self, group: List[Any], previous: Optional[List[Any]]) -> List[Any]:
         """What ``'keep'`` yields for the short last ``group``; ``previous`` is the full group
@@ -165,14 +211,16 @@ class _Grouper(_WrapperMixin, Sampler):
     def _check_item(self, item: Any) -> None:
         """Raise if ``item`` is not what this grouper expects from its wrapped sampler."""
 
+    def _config(self) -> Dict[str, Any]:
+        _, size_name, policy_name = self._arg_names
+        return {size_name: self._size, policy_name: self._policy}
+
     def _replay_state(self) -> Dict[str, Any]:
-        state = {"carry": plain(self._carry)}
+        state = {"carry": json_ready(self._carry)}
         state.update(self._inner_replay())
         return state
 
     def _load_replay_state(self, state: Dict[str, Any]) -> None:
-        from ._base import StateTypeError
-
         name = type(self).__name__
         carry = state_value(state, "carry", name)
         # The carry holds items of the wrapped sampler: indices, or batches for a grouper
@@ -189,9 +237,9 @@ class _Grouper(_WrapperMixin, Sampler):
             )
         for position, item in enumerate(carry):
             if self.yields_steps:
-                fits = isinstance(item, list) and all(map(_is_index, item))
+                fits = isinstance(item, list) and all(map(is_index, item))
             else:
-                fits = _is_index(item)
+                fits = is_index(item)
             if not fits:
                 raise StateTypeError(
                     f"{name} state_dict['carry'] must be a list of {what}, got {item!r:.100} "
@@ -234,17 +282,18 @@ class BatchSampler(_Grouper):
     [9, 0, 1]
     """
 
+    _arg_names = ("sampler", "batch_size", "last_batch")
+    _policies = LAST_POLICIES
+
     def __init__(self, sampler: Any, batch_size: int, last_batch: str = "keep") -> None:
-        self._sampler = check_sampler("sampler", sampler)
-        if getattr(sampler, "yields_steps", False):
-            raise ValueError(
-                f"sampler must yield indices, but the given {type(sampler).__name__} yields "
-                "steps (lists of index lists)"
-            )
-        self._size = check_int("batch_size", batch_size, minimum=1)
-        self._policy = check_choice("last_batch", last_batch, LAST_POLICIES)
-        self._carry: List[Any] = []
-        self._epoch = _initial_epoch(sampler)
+        super().__init__(sampler, batch_size, last_batch)
+
+    @staticmethod
+    def _steps_message(sampler: Any) -> str:
+        return (
+            f"sampler must yield indices, but the given {type(sampler).__name__} yields "
+            "steps (lists of index lists)"
+        )
 
     @property
     def batch_size(self) -> int:
@@ -255,9 +304,6 @@ class BatchSampler(_Grouper):
     def last_batch(self) -> str:
         """The policy for the last, short batch of an epoch."""
         return self._policy
-
-    def _config(self) -> Dict[str, Any]:
-        return {"batch_size": self._size, "last_batch": self._policy}
 
 
 class ShardGroupSampler(_Grouper):
@@ -313,14 +359,11 @@ class ShardGroupSampler(_Grouper):
 
     yields_steps = True
 
+    _arg_names = ("batch_sampler", "num_shards", "last_group")
+    _policies = GROUP_POLICIES
+
     def __init__(self, batch_sampler: Any, num_shards: int, last_group: str = "keep") -> None:
-        self._sampler = check_sampler("batch_sampler", batch_sampler)
-        if getattr(batch_sampler, "yields_steps", False):
-            raise ValueError(self._steps_message(batch_sampler))
-        self._size = check_int("num_shards", num_shards, minimum=1)
-        self._policy = check_choice("last_group", last_group, GROUP_POLICIES)
-        self._carry: List[Any] = []
-        self._epoch = _initial_epoch(batch_sampler)
+        super().__init__(batch_sampler, num_shards, last_group)
 
     @property
     def num_shards(self) -> int:
@@ -341,10 +384,7 @@ class ShardGroupSampler(_Grouper):
         )
 
     def _last_group(self, group: List[Any], previous: Optional[List[Any]]) -> List[Any]:
-        if self._policy == "partial":
-            return group
-        before = [i for batch in reversed(previous or []) for i in reversed(batch)]
-        return fill_step(group, self._size, before)
+        return last_step(group, previous, self._size, self._policy)
 
     def _check_item(self, item: Any) -> None:
         if isinstance(item, (int, np.integer)):
@@ -355,6 +395,3 @@ class ShardGroupSampler(_Grouper):
             )
         if len(item) and isinstance(item[0], (list, tuple, np.ndarray)):
             raise ValueError(self._steps_message(self._sampler))
-
-    def _config(self) -> Dict[str, Any]:
-        return {"num_shards": self._size, "last_group": self._policy}

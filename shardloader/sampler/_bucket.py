@@ -1,10 +1,10 @@
-"""Length-ordered samplers from gluon-nlp: ``FixedBucketSampler``, ``SortedBucketSampler`` and
-``SortedSampler``.
+"""gluon-nlp's ``FixedBucketSampler``: batches of samples of similar length.
 
-The first two yield batches (lists of indices), or, for ``FixedBucketSampler(num_shards=N)``,
-steps of ``N`` batches; ``SortedSampler`` yields indices. Shuffling is drawn afresh from
-``(seed, epoch)`` on every pass, instead of gluon-nlp's in-place shuffles of the previous pass's
-order, so a pass is reproducible on its own.
+It yields batches (lists of indices), or, with ``num_shards=N``, steps of ``N`` batches, grouped
+as ``ShardGroupSampler`` groups them (``full_groups``, ``last_step``), plus gluon-nlp's ``'pad'``
+for the last step. Shuffling is drawn afresh from ``(seed, epoch)`` on every pass, instead of
+gluon-nlp's in-place shuffles of the previous pass's order, so a pass is reproducible on its own.
+The length-sorted samplers are in ``_sorted``.
 """
 
 from __future__ import annotations
@@ -16,31 +16,33 @@ import numpy as np
 
 from .._engine.seeding import epoch_rng
 from .._validate import check_bool, check_choice, check_int, check_number
-from ._base import (
-    FilledStep,
-    Sampler,
-    _SeededMixin,
-    check_seed,
-)
-from ._batch import fill_step
+from ._base import FilledStep, Sampler, _SeededMixin, check_seed
+from ._batch import GROUP_POLICIES as _GROUPER_POLICIES
+from ._batch import count_groups, full_groups, last_step
 from ._scheme import BucketScheme, ConstWidthBucket, Key
 
-__all__ = ["FixedBucketSampler", "SortedBucketSampler", "SortedSampler"]
+__all__ = ["FixedBucketSampler"]
 
 _DEFAULT_SCHEME = ConstWidthBucket()
 _ASSIGN_CHUNK = 4096  # rows per step when matching tuple lengths to keys, to bound memory
-GROUP_POLICIES = ("keep", "partial", "discard", "pad")
+# ShardGroupSampler's policies, but gluon-nlp's 'pad' instead of 'rollover'.
+GROUP_POLICIES = _GROUPER_POLICIES[:3] + ("pad",)
+
+
+def _as_array(value: Any) -> np.ndarray:
+    """``np.asarray(value)``, or an empty object array for a ragged ``value``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy < 1.24 warns before making a ragged array
+        try:
+            return np.asarray(value)
+        except ValueError:
+            return np.empty(0, dtype=object)
 
 
 def _as_lengths(lengths: Any) -> np.ndarray:
     """``lengths`` as an ``(n,)`` or ``(n, k)`` int64 array of positive values."""
     accepted = "a non-empty sequence of ints or of equal-size tuples of ints"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numpy < 1.24 warns before making a ragged array
-        try:
-            array = np.asarray(lengths)
-        except ValueError:
-            array = np.empty(0, dtype=object)
+    array = _as_array(lengths)
     if array.dtype == object or array.ndim not in (1, 2):
         raise ValueError(f"lengths must be {accepted}, got {_short(lengths)}")
     if array.size == 0:
@@ -64,12 +66,7 @@ def _short(value: Any, limit: int = 80) -> str:
 def _check_keys(bucket_keys: Any, width: int) -> List[Key]:
     """The given bucket keys as ints (``width == 0``) or as tuples of ``width`` ints."""
     shape = "ints" if width == 0 else f"tuples of {width} ints"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            array = np.asarray(bucket_keys)
-        except ValueError:
-            array = np.empty(0, dtype=object)
+    array = _as_array(bucket_keys)
     expected_ndim = 1 if width == 0 else 2
     if (
         array.dtype.kind not in "iu"
@@ -110,29 +107,17 @@ def _assign(keys: List[Key], lengths: np.ndarray) -> np.ndarray:
     return found
 
 
-def _group(batches: List[List[int]], num_shards: int, policy: str) -> List[List[List[int]]]:
-    """Steps of ``num_shards`` batches; a short last one is filled, kept, dropped or padded."""
-    steps = [batches[i : i + num_shards] for i in range(0, len(batches), num_shards)]
-    if not steps or len(steps[-1]) == num_shards:
-        return steps
-    if policy == "discard":
-        steps.pop()
-    elif policy == "keep":
-        before = steps[-2] if len(steps) > 1 else []
-        steps[-1] = fill_step(
-            steps[-1], num_shards, [i for batch in reversed(before) for i in reversed(batch)]
-        )
-    elif policy == "pad":
-        # gluon-nlp's behaviour: the last step is the last num_shards batches of the epoch,
-        # so it repeats whole batches of the step before; cycle if there are fewer than that.
-        if len(batches) >= num_shards:
-            last = batches[-num_shards:]
-            repeated = sum(len(b) for b in last[: num_shards - len(steps[-1])])
-        else:
-            last = [batches[i % len(batches)] for i in range(num_shards)]
-            repeated = sum(len(b) for b in last[len(batches) :])
-        steps[-1] = FilledStep(last, repeated=repeated)
-    return steps
+def _pad_step(batches: List[List[int]], num_shards: int, short: int) -> FilledStep:
+    """gluon-nlp's last step (``'pad'``) when the last step has ``short`` batches: the last
+    ``num_shards`` batches of the pass, so it repeats whole batches of the step before; cycled
+    if there are fewer batches than that."""
+    if len(batches) >= num_shards:
+        last = batches[-num_shards:]
+        repeated = sum(len(b) for b in last[: num_shards - short])
+    else:
+        last = [batches[i % len(batches)] for i in range(num_shards)]
+        repeated = sum(len(b) for b in last[len(batches) :])
+    return FilledStep(last, repeated=repeated)
 
 
 class FixedBucketSampler(_SeededMixin, Sampler):
@@ -306,10 +291,21 @@ class FixedBucketSampler(_SeededMixin, Sampler):
         return [members[b][begin : begin + sizes[b]].tolist() for b, begin in infos]
 
     def _iter_epoch(self, epoch: int, start: int) -> Iterator[Any]:
-        items: List[Any] = self._batches(epoch)
+        batches = self._batches(epoch)
         if self._num_shards:
-            items = _group(items, self._num_shards, self._last_group)
-        return iter(items[start:])
+            return self._steps(batches, start)
+        return iter(batches[start:])
+
+    def _steps(self, batches: List[List[int]], skip: int) -> Iterator[List[List[int]]]:
+        """The steps of ``num_shards`` consecutive ``batches``, without the first ``skip``."""
+        size, policy = self._num_shards, self._last_group
+        tail, previous, skip = yield from full_groups(iter(batches), size, skip=skip)
+        if not tail or skip or policy == "discard":
+            return
+        if policy == "pad":
+            yield _pad_step(batches, size, len(tail))
+        else:
+            yield last_step(tail, previous, size, policy)
 
     @property
     def yields_steps(self) -> bool:  # type: ignore[override]
@@ -320,9 +316,8 @@ class FixedBucketSampler(_SeededMixin, Sampler):
         total = len(self._batch_infos)
         if not self._num_shards:
             return total
-        if self._last_group == "discard":
-            return total // self._num_shards
-        return -(-total // self._num_shards)  # 'keep', 'partial' and 'pad' keep the last step
+        # 'keep', 'partial' and 'pad' keep the last step.
+        return count_groups(total, self._num_shards, self._last_group != "discard")
 
     @property
     def bucket_keys(self) -> List[Key]:
@@ -370,140 +365,3 @@ class FixedBucketSampler(_SeededMixin, Sampler):
             "last_group": self._last_group,
             "shuffle": self._shuffle,
         }
-
-
-class SortedBucketSampler(_SeededMixin, Sampler):
-    """Batches of samples sorted by key within chunks: gluon-nlp's ``SortedBucketSampler``.
-
-    The sample indices (shuffled from ``(seed, epoch)`` if ``shuffle``) are cut into chunks
-    of ``int(mult * batch_size)``; each chunk is sorted by ``sort_keys`` (stably) and cut into
-    batches of ``batch_size``, whose order within the chunk is shuffled if ``shuffle``. Only
-    the last batch of a chunk can be short; ``len()`` counts them all.
-
-    Parameters
-    ----------
-    sort_keys : sequence
-        The key of each sample, e.g. its length.
-    batch_size : int
-        Samples per batch.
-    mult : int or float, default 100
-        Chunk size as a multiple of ``batch_size``; at least 1.
-    reverse : bool, default True
-        Sort in descending order.
-    shuffle : bool, default False
-        Shuffle the samples before chunking and the batches within each chunk.
-    seed : int or None, keyword-only
-        Base seed of the shuffles; ``None`` draws one from numpy's global RNG at construction
-        when ``shuffle`` is true.
-
-    Examples
-    --------
-    >>> list(SortedBucketSampler([5, 1, 4, 2, 3, 6], batch_size=2, mult=2))
-    [[0, 2], [3, 1], [5, 4]]
-    """
-
-    def __init__(
-        self,
-        sort_keys: Sequence[Any],
-        batch_size: int,
-        mult: float = 100,
-        reverse: bool = True,
-        shuffle: bool = False,
-        *,
-        seed: Optional[int] = None,
-    ) -> None:
-        if not hasattr(sort_keys, "__len__") or not hasattr(sort_keys, "__getitem__"):
-            raise TypeError(f"sort_keys must be a sequence, got {type(sort_keys).__name__}")
-        if len(sort_keys) == 0:
-            raise ValueError("sort_keys must be a non-empty sequence, got an empty one")
-        self._sort_keys = sort_keys
-        self._batch_size = check_int("batch_size", batch_size, minimum=1)
-        self._mult = check_number("mult", mult, 1)
-        self._reverse = check_bool("reverse", reverse)
-        self._shuffle = check_bool("shuffle", shuffle)
-        self._seed = check_seed(seed, random=self._shuffle)
-
-    def __len__(self) -> int:
-        # Exact even when the chunk size is not a multiple of batch_size (gluon-nlp's
-        # ceil(n / batch_size) undercounts then).
-        total, size = len(self._sort_keys), self._batch_size
-        chunk = int(self._mult * size)
-        full, rest = divmod(total, chunk)
-        return full * -(-chunk // size) + -(-rest // size)
-
-    def _iter_epoch(self, epoch: int, start: int) -> Iterator[List[int]]:
-        total, size = len(self._sort_keys), self._batch_size
-        rng = epoch_rng(self._seed, epoch) if self._shuffle else None
-        ids = rng.permutation(total).tolist() if rng is not None else list(range(total))
-        chunk = int(self._mult * size)
-        keys = self._sort_keys
-        batches: List[List[int]] = []
-        for begin in range(0, total, chunk):
-            ranked = sorted(ids[begin : begin + chunk], key=keys.__getitem__, reverse=self._reverse)
-            starts = np.arange(0, len(ranked), size)
-            if rng is not None:
-                starts = rng.permutation(starts)
-            batches.extend(ranked[s : s + size] for s in starts.tolist())
-        return iter(batches[start:])
-
-    def _config(self) -> Dict[str, Any]:
-        return {
-            "length": len(self._sort_keys),
-            "batch_size": self._batch_size,
-            "shuffle": self._shuffle,
-        }
-
-
-class SortedSampler(Sampler):
-    """Yields the sample indices ordered by their keys: gluon-nlp's ``SortedSampler``.
-
-    The order is that of gluon-nlp 0.10.0: indices sorted by ``sort_keys[i]``, in descending
-    order when ``reverse`` (the default); equal keys keep their index order either way. The
-    order is computed once, at construction, and is the same in every pass; ``set_epoch``,
-    ``state_dict`` and ``load_state_dict`` follow the sampler protocol (the state records the
-    position in the pass, for a mid-epoch resume).
-
-    Parameters
-    ----------
-    sort_keys : sequence
-        The key of each sample, e.g. its length; any mutually comparable values.
-    reverse : bool, default True
-        Sort in descending order.
-
-    Examples
-    --------
-    >>> list(SortedSampler([5, 1, 4, 1, 9]))
-    [4, 0, 2, 1, 3]
-    >>> list(SortedSampler([5, 1, 4, 1, 9], reverse=False))
-    [1, 3, 2, 0, 4]
-    >>> batches = BatchSampler(SortedSampler([3, 8, 1, 6]), 2)
-    >>> list(batches)
-    [[1, 3], [0, 2]]
-    """
-
-    def __init__(self, sort_keys: Sequence[Any], reverse: bool = True) -> None:
-        if not hasattr(sort_keys, "__len__") or not hasattr(sort_keys, "__getitem__"):
-            raise TypeError(
-                f"sort_keys must be a non-empty sequence, got {type(sort_keys).__name__}"
-            )
-        if len(sort_keys) == 0:
-            raise ValueError("sort_keys must be a non-empty sequence, got an empty one")
-        self._reverse = check_bool("reverse", reverse)
-        # Python's sort is stable also with reverse=True, as gluon-nlp relies on.
-        self._order: List[int] = sorted(
-            range(len(sort_keys)), key=sort_keys.__getitem__, reverse=self._reverse
-        )
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    @property
-    def reverse(self) -> bool:
-        """Whether the keys come in descending order."""
-        return self._reverse
-
-    def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
-        return iter(self._order[start:])
-
-    def _config(self) -> Dict[str, Any]:
-        return {"length": len(self._order), "reverse": self._reverse}

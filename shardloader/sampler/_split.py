@@ -19,13 +19,8 @@ import numpy as np
 
 from .._engine.seeding import epoch_rng
 from .._validate import check_bool, check_int
-from ._base import (
-    Sampler,
-    _SeededMixin,
-    _WrapperMixin,
-    check_sampler,
-    check_seed,
-)
+from ._base import Sampler, _SeededMixin, check_seed
+from ._wrap import _WrapperMixin, check_sampler, initial_epoch
 
 __all__ = ["PartitionSampler", "SplitSampler"]
 
@@ -98,8 +93,7 @@ class PartitionSampler(_WrapperMixin, Sampler):
                 f"even_size=True needs a sampler with at least num_parts={self._num_parts} "
                 f"items, got one with {len(sampler)}"
             )
-        epoch = getattr(sampler, "epoch", 0)
-        self._epoch = epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else 0
+        self._epoch = initial_epoch(sampler)
 
     @property
     def yields_steps(self) -> bool:  # type: ignore[override]

@@ -8,69 +8,94 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import List, Optional
+from typing import Any, Callable, Dict, List, Optional
+
+from .._validate import check_int, check_number
 
 __all__ = ["main", "build_parser"]
 
 DEFAULT_CACHE_DIR = ".shardloader-cache/demo"
 
 
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+# ------------------------------------------------------------------------------ values
+def _checked(parse: Callable[[str], Any], check: Callable[..., Any], minimum: Any) -> Any:
+    """An argparse ``type``: the text parsed by ``parse``, then range-checked by ``check``
+    (one of :mod:`shardloader._validate`), whose error argparse shows after the option."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = text  # not a number: the check says what it should have been
+        try:
+            return check("value", value, minimum)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+_positive_int = _checked(int, check_int, 1)
+_non_negative_int = _checked(int, check_int, 0)
+_non_negative_float = _checked(float, check_number, 0.0)
 
 
 def _worker_list(text: str) -> List[int]:
+    """``'0,1,2,4'``: the distinct counts, sorted."""
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be comma-separated worker counts such as 0,1,2,4, got {text!r}"
-        ) from None
-    if not values or min(values) < 0:
+        values = [_non_negative_int(part) for part in text.split(",") if part.strip()]
+    except argparse.ArgumentTypeError:
+        values = []
+    if not values:
         raise argparse.ArgumentTypeError(
             f"must be comma-separated non-negative integers such as 0,1,2,4, got {text!r}"
         )
     return sorted(set(values))
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
-    return value
+# ------------------------------------------------------------------------------ options
+_DEMO = dict(
+    help="train a small CNN on generated shapes with ShardedDataLoader",
+    description=(
+        "Generate a small image dataset of shapes (no download), pack it into RecordIO, "
+        "and train a small Gluon CNN data parallel on mx.cpu(0) and mx.cpu(1), stand-ins "
+        "for two GPUs. Worker processes decode and augment the images; every sample's "
+        "augmentation is seeded, so runs are reproducible for any --num-workers."
+    ),
+)
+_BENCH = dict(
+    help="benchmark your dataset against gluon.data.DataLoader",
+    description=(
+        "Measure ShardedDataLoader and mxnet.gluon.data.DataLoader side by side on your\n"
+        "dataset for each worker count: samples/s, data stall, first-batch latency and\n"
+        "peak RSS. Then recommend num_workers and prefetch."
+    ),
+    epilog=(
+        "examples:\n"
+        "  shardloader bench --dataset mypkg.data:make_dataset --batch-size 64\n"
+        "  shardloader bench --dataset ./data.py:build --workers 0,2,4 --plot bench.png\n"
+        "  shardloader bench --recordio train.rec --batch-size 64 --workers 0,1,2,4\n"
+        "  shardloader bench --recordio train.rec --no-transform --epochs 1\n"
+        "\n"
+        "With --recordio, every sample goes through the image pipeline most Gluon users\n"
+        "train with: mx.gluon.data.vision.ImageRecordDataset(FILE.rec).transform_first(\n"
+        "Compose([RandomResizedCrop(SIZE), RandomFlipLeftRight(), ToTensor(),\n"
+        "Normalize(ImageNet mean, std)])), shuffled. The index FILE.idx must sit next to\n"
+        "FILE.rec, where Gluon looks for it."
+    ),
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)
 
 
-def _add_demo(subparsers) -> None:
-    demo = subparsers.add_parser(
-        "demo",
-        help="train a small CNN on generated shapes with ShardedDataLoader",
-        description=(
-            "Generate a small image dataset of shapes (no download), pack it into RecordIO, "
-            "and train a small Gluon CNN data parallel on mx.cpu(0) and mx.cpu(1), stand-ins "
-            "for two GPUs. Worker processes decode and augment the images; every sample's "
-            "augmentation is seeded, so runs are reproducible for any --num-workers."
-        ),
-    )
+def _subcommand(subparsers: Any, name: str, handler: Callable, settings: Dict[str, Any]) -> Any:
+    """A subcommand's parser, which runs ``handler(args, parser)``."""
+    command = subparsers.add_parser(name, **settings)
+    command.set_defaults(handler=handler, subparser=command)
+    return command
+
+
+def _add_demo(subparsers: Any) -> None:
+    demo = _subcommand(subparsers, "demo", _run_demo, _DEMO)
     demo.add_argument("--epochs", type=_positive_int, default=3, help="epochs (default 3)")
     demo.add_argument(
         "--num-workers", type=_non_negative_int, default=2, help="worker processes (default 2)"
@@ -103,33 +128,11 @@ def _add_demo(subparsers) -> None:
     # Small sizes for the tests; not part of the advertised interface.
     demo.add_argument("--train-size", type=_positive_int, default=4000, help=argparse.SUPPRESS)
     demo.add_argument("--test-size", type=_positive_int, default=800, help=argparse.SUPPRESS)
-    demo.set_defaults(handler=_run_demo, subparser=demo)
 
 
-def _add_bench(subparsers) -> None:
-    bench = subparsers.add_parser(
-        "bench",
-        help="benchmark your dataset against gluon.data.DataLoader",
-        description=(
-            "Measure ShardedDataLoader and mxnet.gluon.data.DataLoader side by side on your\n"
-            "dataset for each worker count: samples/s, data stall, first-batch latency and\n"
-            "peak RSS. Then recommend num_workers and prefetch."
-        ),
-        epilog=(
-            "examples:\n"
-            "  shardloader bench --dataset mypkg.data:make_dataset --batch-size 64\n"
-            "  shardloader bench --dataset ./data.py:build --workers 0,2,4 --plot bench.png\n"
-            "  shardloader bench --recordio train.rec --batch-size 64 --workers 0,1,2,4\n"
-            "  shardloader bench --recordio train.rec --no-transform --epochs 1\n"
-            "\n"
-            "With --recordio, every sample goes through the image pipeline most Gluon users\n"
-            "train with: mx.gluon.data.vision.ImageRecordDataset(FILE.rec).transform_first(\n"
-            "Compose([RandomResizedCrop(SIZE), RandomFlipLeftRight(), ToTensor(),\n"
-            "Normalize(ImageNet mean, std)])), shuffled. The index FILE.idx must sit next to\n"
-            "FILE.rec, where Gluon looks for it."
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _add_bench(subparsers: Any) -> None:
+    """``bench``: where the dataset comes from here, how it is run in :func:`_add_runs`."""
+    bench = _subcommand(subparsers, "bench", _run_bench, _BENCH)
     source = bench.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--dataset",
@@ -160,6 +163,10 @@ def _add_bench(subparsers) -> None:
         metavar="PX",
         help="with --recordio: the RandomResizedCrop size (default 224)",
     )
+    _add_runs(bench)
+
+
+def _add_runs(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--batch-size", type=_positive_int, default=32, help="samples per batch (default 32)"
     )
@@ -203,7 +210,6 @@ def _add_bench(subparsers) -> None:
     progress.add_argument(
         "--no-progress", dest="progress", action="store_const", const=False, help="never show one"
     )
-    bench.set_defaults(handler=_run_bench, subparser=bench, progress=None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# ------------------------------------------------------------------------------ running
 def _fail(parser: argparse.ArgumentParser, exc: Exception) -> int:
     """Report a problem with the user's input in one line, as argparse does, without usage."""
     print(f"{parser.prog}: error: {exc}", file=sys.stderr)

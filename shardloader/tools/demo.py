@@ -27,7 +27,7 @@ from ..recordio import ImageRecordDataset
 from .demo_data import CLASSES, IMAGE_SIZE, prepare
 from .demo_state import Checkpoint
 
-__all__ = ["Augment", "build_net", "run"]
+__all__ = ["run"]
 
 NUM_SHARDS = 2
 # Largest shift of the random crop, in pixels.

@@ -4,51 +4,20 @@ Batchify functions never know about shared memory. They ask ``empty`` for an out
 buffer and hand the filled numpy array to ``to_output``. By default that allocates with
 ``np.empty`` and returns an MXNet array wrapping the buffer (the Gluon contract). Inside a
 worker process the transport installs an allocator that carves buffers out of a reusable
-shared-memory slot and asks for raw numpy results, so a batch is stacked straight into the
+shared-memory slot and asks for numpy results, so a batch is stacked straight into the
 memory the main process will read, with no further copy.
-
-Releasing memory without Python (docs/design.md, invariant 7)
---------------------------------------------------------------
-An MXNet array that wraps our memory (``as_ndarray``) must tell us when MXNet is done with
-it, so that the memory can be freed or its shared-memory slot reused. MXNet says so by
-calling the DLPack tensor's ``deleter``, on whichever thread drops the last reference: often
-one of MXNet's engine threads, when an operator that read the batch completes. A Python
-deleter (as ``mx.nd.from_numpy`` installs) must take the GIL there, and MXNet's own
-``pthread_atfork`` handler waits for every engine thread while the forking thread holds the
-GIL: any ``fork()`` in the process (a second loader, ``multiprocessing.Pool``, a restarted
-worker) then deadlocks. A ``KeyboardInterrupt`` that lands in such a callback is swallowed.
-
-So the deleter is no Python function at all: it is libc's ``sem_post``. Each wrapped array
-gets a small ``_Lease``: a DLPack struct that MXNet keeps (``transient_handle=False``), whose
-first bytes are turned into a POSIX semaphore once MXNet has read the tensor description.
-MXNet's release of the array is then one ``sem_post`` on that semaphore: async-signal-safe,
-no GIL, no allocation, callable from any thread at any time, including inside MXNet's fork
-handler. Python learns of it by polling (``reap``): the thread that consumes batches polls
-before it hands work to workers, every new lease polls a few old ones, and a daemon thread
-polls while any lease is outstanding. When a lease's semaphore is posted, the lease drops
-its reference to the numpy buffer, which frees it or hands its slot back.
-
-Why no window remains: the only code MXNet runs on release is ``sem_post``, which takes no
-lock that Python or a fork could hold. Everything else (dropping the buffer, returning a
-slot) runs on Python threads that hold the GIL as usual, so a fork sees them either before
-or after, never half done; the lease registry's lock is re-created in a forked child.
 """
 
 from __future__ import annotations
 
-import atexit
-import collections
-import ctypes
-import math
-import os
-import sys
 import threading
-import time
-import weakref
 from contextlib import contextmanager
-from typing import Callable, Deque, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import numpy as np
+
+from .bufferpool import buffers
+from .lease import as_ndarray
 
 Allocator = Callable[[Tuple[int, ...], np.dtype], np.ndarray]
 
@@ -57,8 +26,8 @@ _state = threading.local()
 
 def empty(shape, dtype) -> np.ndarray:
     """An uninitialised, C-contiguous output buffer from the current allocator (by default
-    the host buffer pool, see ``_BufferPool``)."""
-    alloc = getattr(_state, "alloc", None) or _pool.take
+    the host buffer pool, ``bufferpool``)."""
+    alloc = getattr(_state, "alloc", None) or buffers.take
     return alloc(tuple(int(s) for s in shape), np.dtype(dtype))
 
 
@@ -89,8 +58,8 @@ def set_numpy_flags(flags: Tuple[bool, bool]) -> None:
 def to_output(array: np.ndarray):
     """The batch form of ``array``: an MXNet array wrapping it without a copy
     (``mx.np.ndarray`` in numpy mode, else ``mx.nd.NDArray``), or the numpy array itself
-    while a worker is collecting raw results."""
-    if getattr(_state, "raw", False):
+    while a worker collects numpy results (``allocating(numpy_out=True)``)."""
+    if getattr(_state, "numpy_out", False):
         promoted = getattr(_state, "promoted", None)
         if promoted is not None:
             promoted[id(array)] = array  # kept alive so the id stays unique
@@ -100,9 +69,10 @@ def to_output(array: np.ndarray):
 
 @contextmanager
 def allocating(
-    alloc: Allocator, raw: bool = True, promoted: Optional[Dict[int, np.ndarray]] = None
+    alloc: Allocator, numpy_out: bool = True, promoted: Optional[Dict[int, np.ndarray]] = None
 ) -> Iterator[None]:
-    """Install ``alloc`` (and raw numpy results) for the current thread.
+    """Install ``alloc`` for the current thread, and with ``numpy_out`` make ``to_output``
+    return numpy arrays (a worker process ships them through shared memory itself).
 
     With ``promoted``, every array passed to ``to_output`` is recorded there by ``id``,
     so the transport can tell batch arrays (MXNet arrays for the user) from numpy arrays a
@@ -110,379 +80,11 @@ def allocating(
     """
     saved = (
         getattr(_state, "alloc", None),
-        getattr(_state, "raw", False),
+        getattr(_state, "numpy_out", False),
         getattr(_state, "promoted", None),
     )
-    _state.alloc, _state.raw, _state.promoted = alloc, raw, promoted
+    _state.alloc, _state.numpy_out, _state.promoted = alloc, numpy_out, promoted
     try:
         yield
     finally:
-        _state.alloc, _state.raw, _state.promoted = saved
-
-
-# ------------------------------------------------------------------ reusing host buffers
-
-
-class _BufferPool:
-    """Large batch buffers made outside a worker's slots (inline loading, thread workers),
-    used again once MXNet has released the array that wrapped them, as MXNet's own pooled
-    storage reuses the memory of ``nd.stack``.
-
-    A batch of 64 float32 images is 38.5 MB, above glibc's largest ``mmap`` threshold (32
-    MiB), so ``np.empty`` maps fresh pages for every such batch and the stacking then faults
-    every page in (9,400 page faults a batch). A buffer goes back to the
-    pool only when nothing but its lease referred to it: a batchify function that kept the
-    array, or a view of it, keeps it out of the pool for good (docs/design.md, invariant 10).
-    """
-
-    MIN_BYTES = 1 << 20  # smaller buffers come from malloc's own free lists
-    MAX_FREE = 4  # free buffers kept, all sizes together: two batches in use, two ahead
-
-    def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._free: Deque[np.ndarray] = collections.deque()  # raw uint8 buffers, oldest first
-        self._lent: Dict[int, weakref.ref] = {}  # id -> the buffer, while a batch holds it
-
-    def take(self, shape: Tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An uninitialised C-contiguous array, a view of a pooled buffer if it is large."""
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes < self.MIN_BYTES:
-            return np.empty(shape, dtype=dtype)
-        raw = None
-        with self._lock:
-            for k, candidate in enumerate(self._free):
-                if candidate.nbytes == nbytes:
-                    raw = candidate
-                    del self._free[k]  # by position: arrays do not compare as values here
-                    break
-        if raw is None:
-            raw = np.empty(nbytes, dtype=np.uint8)
-        key = id(raw)
-        # A plain dict store (atomic under the GIL), as the weakref's callback pops without
-        # the lock: it may run on any thread, at any point.
-        self._lent[key] = weakref.ref(raw, lambda _, key=key: self._lent.pop(key, None))
-        return raw.view(dtype).reshape(shape)  # its .base is raw: numpy keeps the owner
-
-    def give_back(self, array: np.ndarray) -> None:
-        """``array`` (a lease's buffer) is free of MXNet: pool its buffer if it came from
-        here and the caller's reference is the only one left."""
-        raw = array.base if array.base is not None else array
-        del array
-        ref = self._lent.get(id(raw))
-        # Referrers now: ``raw`` here, getrefcount's argument, and the caller's ``array``
-        # (a view of raw, or raw itself). Any more is someone else's view or reference.
-        if ref is None or ref() is not raw or sys.getrefcount(raw) > 3:
-            return
-        with self._lock:
-            self._lent.pop(id(raw), None)
-            self._free.append(raw)
-            while len(self._free) > self.MAX_FREE:
-                self._free.popleft()
-
-
-_pool = _BufferPool()
-
-
-# ------------------------------------------------------------------ wrapping without a copy
-
-# dtypes MXNet adopts through DLPack without a copy: (type code, bits). Keyed by dtype, whose
-# hash is cheap, where ``dtype.name`` costs several microseconds per array.
-_DLPACK_DTYPES = {
-    np.dtype(name): code
-    for name, code in (
-        ("float16", (2, 16)),
-        ("float32", (2, 32)),
-        ("float64", (2, 64)),
-        ("uint8", (1, 8)),
-        ("int8", (0, 8)),
-        ("int32", (0, 32)),
-        ("int64", (0, 64)),
-    )
-}
-
-
-def as_ndarray(array: np.ndarray, numpy_array: bool = False):
-    """Wrap a numpy array as an MXNet array on ``cpu(0)``, without a copy when the dtype
-    allows it: ``mx.np.ndarray`` if ``numpy_array``, else ``mx.nd.NDArray``. The MXNet
-    array keeps ``array`` alive until MXNet releases it (see the module docstring)."""
-    import mxnet as mx
-
-    array = np.asarray(array)
-    if array.ndim == 0 and not numpy_array:
-        # Legacy NDArrays have no 0-d shape; Gluon's nd.array gives (1,) too.
-        array = array.reshape(1)
-    code = _DLPACK_DTYPES.get(array.dtype)
-    if code is None:
-        if numpy_array:
-            return mx.np.array(array, dtype=array.dtype)
-        return mx.nd.array(array, dtype=array.dtype)
-    if not array.flags["C_CONTIGUOUS"]:
-        array = np.ascontiguousarray(array)
-    return _registry.adopt(array, code, mx.np.ndarray if numpy_array else mx.nd.NDArray)
-
-
-# Contexts whose memory the CPU reads and writes directly.
-HOST_DEVICES = frozenset(["cpu", "cpu_pinned", "cpu_shared"])
-
-
-def host_view(array) -> Optional[np.ndarray]:
-    """A numpy view of a dense host MXNet array's memory, without a copy, once pending
-    writes to it have landed; ``None`` where there is no such view (a GPU or sparse array,
-    a dtype numpy lacks). The view keeps ``array`` alive. Reading it while MXNet writes the
-    array is the caller's business: use it at once, as ``asnumpy`` would."""
-    if getattr(array, "stype", "default") != "default":
-        return None
-    from ..._compat import device_of
-
-    if device_of(array).device_type not in HOST_DEVICES:
-        return None
-    try:
-        dtype = np.dtype(array.dtype)
-    except TypeError:
-        return None
-    shape = array.shape
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if nbytes == 0:
-        return None
-    from mxnet.base import _LIB, check_call
-
-    array.wait_to_read()
-    ptr = ctypes.c_void_p()
-    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
-    memory = (ctypes.c_uint8 * nbytes).from_address(ptr.value)
-    memory.owner = array  # the view's base keeps the MXNet array alive
-    return np.frombuffer(memory, dtype=dtype).reshape(shape)
-
-
-def reap_some() -> None:
-    """Release the memory of a few wrapped arrays that MXNet has finished with, oldest
-    first. Cheap enough for the per-batch path: the consuming thread calls it before it
-    hands work to workers, so that released slots go back to them promptly."""
-    if _registry.pending:
-        _registry.reap(_HOT_REAP)
-
-
-def reap_all() -> None:
-    """Check every outstanding lease now (for tests and diagnostics)."""
-    _registry.reap(_registry.pending)
-
-
-# Leases checked per call on the per-batch path, and per background poll (round robin).
-_HOT_REAP = 8
-_REAP_BATCH = 256
-# How often the background reaper polls while leases are outstanding.
-_REAP_INTERVAL_S = 0.02
-# How long the background reaper waits with no lease before it exits.
-_REAPER_LINGER_S = 1.0
-
-
-class _DLContext(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("ctx", _DLContext),
-        ("ndim", ctypes.c_int),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-class _Lease(ctypes.Structure):
-    """DLPack's ``DLManagedTensor``. MXNet reads ``dl_tensor`` once, while it builds the
-    array; afterwards the leading bytes hold the lease's semaphore, and at release MXNet
-    reads only ``deleter`` (``sem_post``) and calls it with the struct's address."""
-
-    _fields_ = [
-        ("dl_tensor", _DLTensor),
-        ("manager_ctx", ctypes.c_void_p),
-        ("deleter", ctypes.c_void_p),
-    ]
-
-
-_SEM_T_BYTES = 32  # sizeof(sem_t) on 64-bit glibc and musl
-assert ctypes.sizeof(_DLTensor) >= _SEM_T_BYTES  # the semaphore fits before manager_ctx
-
-
-class _Native:
-    """libc's semaphore calls and MXNet's DLPack entry point, looked up once."""
-
-    def __init__(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.sem_init = libc.sem_init
-        self.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
-        self.sem_getvalue = libc.sem_getvalue
-        self.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-        self.sem_post_addr = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
-        from mxnet.base import _LIB
-
-        from ..._compat import dlpack_importer
-
-        self.from_dlpack = dlpack_importer(_LIB)
-
-    def posted(self, lease: _Lease) -> bool:
-        value = ctypes.c_int(0)
-        self.sem_getvalue(ctypes.addressof(lease), ctypes.byref(value))
-        return value.value > 0
-
-
-class _Entry:
-    """A lease, the buffer it keeps alive, and whether its semaphore is set up yet."""
-
-    __slots__ = ("lease", "array", "armed")
-
-    def __init__(self, lease: _Lease, array: np.ndarray) -> None:
-        self.lease, self.array, self.armed = lease, array, False
-
-
-class _Registry:
-    """Every outstanding lease, with the numpy buffer it keeps alive.
-
-    Safe against a ``KeyboardInterrupt`` at any bytecode: a lease is registered before
-    MXNet sees it and armed only once its MXNet array exists (an adoption interrupted before
-    that takes its entry back: MXNet can never call that deleter), and ``reap`` never takes
-    an entry out of the queue before it knows MXNet is done with it.
-    """
-
-    def __init__(self) -> None:
-        self._native: Optional[_Native] = None
-        self._reset()
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._leases: Deque[_Entry] = collections.deque()
-        self._reaper: Optional[threading.Thread] = None
-
-    @property
-    def pending(self) -> int:
-        return len(self._leases)
-
-    def adopt(self, array: np.ndarray, code: Tuple[int, int], cls):
-        """An MXNet array of class ``cls`` over ``array``'s memory, released by a lease."""
-        from mxnet.base import NDArrayHandle, check_call
-
-        native = self._native
-        if native is None:
-            native = self._native = _Native()
-        if len(self._leases) > 1:
-            # Amortised: each new lease checks the two oldest. First, so that an exception
-            # raised in it (Ctrl-C) leaves no half-delivered array behind.
-            self.reap(2)
-        lease = _Lease()
-        tensor = lease.dl_tensor
-        tensor.data = array.ctypes.data
-        tensor.ctx = _DLContext(1, 0)
-        tensor.ndim = array.ndim
-        tensor.dtype = _DLDataType(code[0], code[1], 1)
-        shape = (ctypes.c_int64 * max(array.ndim, 1))(*array.shape)
-        tensor.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))  # MXNet copies it
-        lease.deleter = native.sem_post_addr
-        entry = _Entry(lease, array)
-        with self._lock:
-            self._leases.append(entry)  # owned here before MXNet can call the deleter
-            start = self._reaper is None
-            if start:
-                self._reaper = threading.Thread(
-                    target=self._reap_forever, name="shardloader-release", daemon=True
-                )
-        if start:
-            self._reaper.start()
-        wrapped = None
-        try:
-            handle = NDArrayHandle()
-            check_call(native.from_dlpack(ctypes.byref(lease), False, ctypes.byref(handle)))
-            # MXNet has copied the tensor description: the leading bytes become the semaphore.
-            if native.sem_init(ctypes.addressof(lease), 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), "sem_init failed for a DLPack lease")
-            wrapped = cls(handle=handle)
-        finally:
-            if wrapped is not None:
-                entry.armed = True
-            else:
-                # Interrupted (Ctrl-C) before the array existed: MXNet never saw the lease,
-                # or holds a handle nobody can free, so it will never call this deleter.
-                with self._lock:
-                    self._leases.remove(entry)
-        return wrapped
-
-    def reap(self, limit: int) -> None:
-        """Check up to ``limit`` leases, oldest first; release the posted ones."""
-        native = self._native
-        released = []
-        with self._lock:
-            leases = self._leases
-            for _ in range(min(limit, len(leases))):
-                entry = leases[0]
-                if entry.armed and native.posted(entry.lease):
-                    leases.popleft()
-                    released.append(entry)
-                else:
-                    leases.rotate(-1)
-        # Dropping the buffers may run finalizers (a slot goes home): outside the lock.
-        while released:
-            array = released.pop().array
-            _pool.give_back(array)
-            del array
-
-    def _reap_forever(self) -> None:
-        idle_since = None
-        event = threading.Event()
-        while True:
-            event.wait(_REAP_INTERVAL_S)
-            if self._leases:
-                idle_since = None
-                self.reap(_REAP_BATCH)
-                continue
-            now = time.monotonic()
-            if idle_since is None:
-                idle_since = now
-            elif now - idle_since >= _REAPER_LINGER_S:
-                with self._lock:
-                    if not self._leases:
-                        self._reaper = None
-                        return
-                idle_since = None
-
-
-_registry = _Registry()
-
-
-def _after_fork_in_child() -> None:
-    # The reaper thread does not exist in the child, and the lock may have been held by it
-    # at the moment of the fork. The child keeps its copies of the leases (its copies of
-    # the arrays may still be in use there) and polls them itself.
-    leases = _registry._leases
-    _registry._reset()
-    _registry._leases = leases
-    _pool._reset()
-
-
-def _at_exit() -> None:
-    # MXNet may still run operators that read leased memory, and it frees its arrays (and
-    # calls their deleters) as the interpreter tears objects down, in no useful order. So
-    # let pending work finish, then keep every lease (struct and buffer) alive for good:
-    # the process is ending, and no deleter may write into freed memory.
-    if _registry.pending:
-        try:
-            import mxnet as mx
-
-            mx.nd.waitall()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_registry))
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-# Registered at import, before any pool exists, so it runs after the pools' own exit hooks.
-atexit.register(_at_exit)
+        _state.alloc, _state.numpy_out, _state.promoted = saved

@@ -1,44 +1,18 @@
-"""Shared-memory transport for process workers.
-
-Ownership protocol (docs/design.md, invariant 4: every segment has exactly one owner):
-
-* A worker owns a small *ring* of slots. A slot is an anonymous ``memfd`` segment, mapped
-  once and reused batch after batch, so its pages are faulted in once, not per batch.
-* The worker stacks a batch straight into a free slot (through ``shardloader._alloc``)
-  and sends only metadata: the slot id, and per array its offset, shape and dtype. The first
-  time a slot travels, its file descriptor follows the message (``SCM_RIGHTS``); the main
-  process maps it and closes the descriptor. The worker keeps its descriptor and its own
-  mapping: mapping a slot again for every batch (and unmapping it after) cost more than
-  filling it, about 1.5 ms for a 9.6 MB batch.
-* From then on the main process owns the slot's contents. It wraps the arrays as MXNet
-  arrays without a copy (``_alloc.as_ndarray``). When MXNet has released the last of them
-  and the user holds no numpy view either, a finalizer on the slot's buffer object queues
-  the slot id, and the next message to that worker hands it back (a large slot goes at
-  once, in a message of its own). MXNet's release never runs Python: it posts a semaphore
-  that Python threads poll (see ``_alloc``), so the finalizer always runs on a Python
-  thread that holds the GIL, never on an MXNet engine thread, and a ``fork()`` anywhere in
-  the process cannot deadlock on it (docs/design.md, invariant 7).
-  A batch that is never handed to the user (early ``break``, error, ``close()``) is released
-  the same way by whoever drops it.
-* Memory is freed when both mappings are gone: the worker drops a surplus free slot and says
-  so in its next message, and exiting workers unmap everything. Nothing has a name in
-  ``/dev/shm``, so a ``SIGKILL`` anywhere leaks nothing.
-"""
+"""A worker's side of the shared-memory transport (protocol: the ``ipc`` package's
+docstring): its ring of slots, and carving a batch into one."""
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import math
 import mmap
 import os
-import threading
-import weakref
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .alloc import as_ndarray, host_view, reap_some
+from ..nest import map_leaves
+from .lease import host_view
 
 _ALIGN = 64
 # Headroom over the last batch's size, so slightly larger batches reuse the slot.
@@ -46,7 +20,7 @@ _HEADROOM = 1.0625
 _MIN_SLOT_BYTES = 1 << 16
 # A released slot at least this large goes back to its worker at once, in a message of its
 # own, rather than with that worker's next task: it saves the worker mapping a new one.
-_EAGER_RELEASE_BYTES = 1 << 20
+EAGER_RELEASE_BYTES = 1 << 20
 # Free slots a worker keeps for reuse; more are dropped. A worker's batches in use at once:
 # its share of the prefetch (2 by default), the one it makes, the one the loop holds and
 # one on its way back; with fewer kept, the ring makes (and the main process maps) a new
@@ -81,18 +55,6 @@ class ArrayRef:
 
     def __reduce__(self):
         return ArrayRef, (self.offset, self.shape, self.dtype, self.kind)
-
-
-def map_structure(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    """Apply ``fn`` to every leaf of nested lists, tuples, namedtuples and dicts."""
-    if isinstance(obj, list):
-        return [map_structure(o, fn) for o in obj]
-    if isinstance(obj, tuple):
-        items = [map_structure(o, fn) for o in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    if isinstance(obj, dict):
-        return type(obj)((k, map_structure(v, fn)) for k, v in obj.items())
-    return fn(obj)
 
 
 def _copy_ndarray_into(src, dst: np.ndarray) -> None:
@@ -251,7 +213,7 @@ class SlotRing:
                 return _Pending(len(leaves) - 1)
             return leaf
 
-        skeleton = map_structure(result, collect)
+        skeleton = map_leaves(collect, result)
         if not leaves:
             if slot is not None:
                 self._free.append(slot.id)
@@ -263,7 +225,7 @@ class SlotRing:
             slot = self._acquire(total)
         self._last_need = max(self._last_need, total) if self._last_need else total
         refs = [self._place(slot, a, kind) for a, kind in leaves]
-        skeleton = map_structure(skeleton, lambda x: refs[x.i] if isinstance(x, _Pending) else x)
+        skeleton = map_leaves(lambda x: refs[x.i] if isinstance(x, _Pending) else x, skeleton)
         fds = []
         if not slot.sent:
             fds.append((slot.id, slot.capacity, slot.fd))
@@ -335,218 +297,3 @@ def _mxnet_kind(obj) -> Optional[int]:
     if getattr(obj, "stype", "default") != "default":
         return None
     return NP if cls.__module__.startswith("mxnet.numpy") else ND
-
-
-# ----------------------------------------------------------------------------- main side
-
-
-# Not in Python's mmap module; the same on every Linux architecture.
-_MAP_FIXED = 0x10
-_PROT_NONE = 0
-
-
-def drop_inherited_slot_mappings() -> None:
-    """In a freshly forked worker: let go of every slot mapping inherited from the main
-    process (other loaders' batches), so that closing those loaders frees their memory.
-    Each range is replaced by an inaccessible anonymous one, so nothing else lands there."""
-    try:
-        with open("/proc/self/maps") as maps:
-            lines = [line for line in maps if SLOT_MEMFD_PATH in line]
-    except OSError:
-        return
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_FIXED | getattr(mmap, "MAP_NORESERVE", 0)
-    for line in lines:
-        fields = line.split(None, 5)
-        if len(fields) < 6 or not fields[5].startswith(SLOT_MEMFD_PATH):
-            continue
-        start, end = (int(x, 16) for x in fields[0].split("-"))
-        # Over the same range: the memfd loses this reference, the range stays reserved.
-        _libc_mmap().mmap(start, end - start, _PROT_NONE, flags, -1, 0)
-
-
-_libc = None
-
-
-def _libc_mmap():
-    global _libc
-    if _libc is None:
-        lib = ctypes.CDLL(None, use_errno=True)
-        lib.mmap.restype = ctypes.c_void_p
-        lib.mmap.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        ]
-        lib.munmap.restype = ctypes.c_int
-        lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        _libc = lib
-    return _libc
-
-
-class _MappedSlot:
-    """A worker's slot mapped into the main process.
-
-    Mapped with libc's ``mmap`` rather than Python's, because Python's keeps a duplicate of
-    the descriptor open for the mapping's lifetime; this way the main process holds no
-    descriptor per slot. Unmapped only when no batch uses it: ``busy`` is set from the
-    moment a result naming the slot arrives until its batch is released or discarded.
-    """
-
-    __slots__ = ("addr", "capacity", "busy", "__weakref__")
-
-    def __init__(self, fd: int, capacity: int) -> None:
-        libc = _libc_mmap()
-        addr = libc.mmap(None, capacity, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
-            err = ctypes.get_errno()
-            raise OSError(
-                err, f"mmap of a {capacity}-byte shared-memory slot failed: {os.strerror(err)}"
-            )
-        self.addr: Optional[int] = addr
-        self.capacity = capacity
-        self.busy = False
-
-    def buffer(self):
-        """A fresh buffer object over the slot; it dies when the last array over it does."""
-        return (ctypes.c_uint8 * self.capacity).from_address(self.addr)
-
-    def unmap(self) -> None:
-        if self.addr is not None:
-            _libc_mmap().munmap(self.addr, self.capacity)
-            self.addr = None
-
-
-class SlotTable:
-    """The main process's view of every worker's slots.
-
-    Thread-safe for ``_released`` (finalizers run on whichever Python thread polls MXNet's
-    releases: the consumer or the background reaper); everything else runs on the thread
-    that consumes batches.
-    """
-
-    def __init__(self) -> None:
-        self._slots: Dict[Tuple[int, int], _MappedSlot] = {}
-        self._releases: Dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self._dead: Set[int] = set()
-        self._urgent: Set[int] = set()
-        # Guards _slots: release callbacks can run on the background reaper thread.
-        self._lock = threading.RLock()
-        self.bytes_delivered = 0
-
-    def adopt(self, worker_key: int, slot_id: int, fd: int, capacity: int) -> None:
-        with self._lock:
-            try:
-                mapped = _MappedSlot(fd, capacity)
-            finally:
-                os.close(fd)
-            old = self._slots.pop((worker_key, slot_id), None)
-            if old is not None and not old.busy:
-                old.unmap()
-            self._slots[(worker_key, slot_id)] = mapped
-
-    def drop(self, worker_key: int, slot_ids) -> None:
-        """The worker unmapped these slots; unmap ours unless a batch still uses them."""
-        with self._lock:
-            for sid in slot_ids:
-                mapped = self._slots.pop((worker_key, sid), None)
-                if mapped is not None and not mapped.busy:
-                    mapped.unmap()
-
-    def materialize(self, worker_key: int, slot_id: Optional[int], skeleton: Any) -> Any:
-        """Rebuild a batch from its skeleton, wrapping slot memory without copying."""
-        if slot_id is None:
-            return skeleton
-        mapped = self._slots[(worker_key, slot_id)]
-        buffer = mapped.buffer()
-        base = np.frombuffer(buffer, dtype=np.uint8)
-        # Every array of the batch keeps `buffer` alive; when the last one goes, so does
-        # `buffer`, and the slot returns to its worker.
-        # Not at exit: the arrays may still be read by MXNet operators until it shuts down.
-        weakref.finalize(buffer, self._released, worker_key, slot_id, mapped).atexit = False
-        del buffer
-        nbytes = [0]
-
-        def rebuild(leaf):
-            if isinstance(leaf, ArrayRef):
-                dtype = np.dtype(leaf.dtype)
-                n = math.prod(leaf.shape) * dtype.itemsize
-                nbytes[0] += n
-                arr = base[leaf.offset : leaf.offset + n].view(dtype).reshape(leaf.shape)
-                return as_ndarray(arr, leaf.kind == NP) if leaf.kind else arr
-            return leaf
-
-        batch = map_structure(skeleton, rebuild)
-        self.bytes_delivered += nbytes[0]
-        return batch
-
-    def received(self, worker_key: int, slot_id: Optional[int]) -> None:
-        """A result naming this slot arrived: keep it mapped until it is used or dropped."""
-        if slot_id is not None:
-            self._slots[(worker_key, slot_id)].busy = True
-
-    def discard(self, worker_key: int, slot_id: Optional[int]) -> None:
-        """A batch that never reached the user: hand its slot straight back."""
-        if slot_id is not None:
-            mapped = self._slots.get((worker_key, slot_id))
-            if mapped is not None:
-                self._released(worker_key, slot_id, mapped)
-
-    def _released(self, worker_key: int, slot_id: int, mapped: _MappedSlot) -> None:
-        with self._lock:
-            mapped.busy = False
-            if mapped.capacity > MAX_KEPT_SLOT_BYTES:
-                # One-shot: the worker closed its side when it sent the batch.
-                if self._slots.get((worker_key, slot_id)) is mapped:
-                    del self._slots[(worker_key, slot_id)]
-                mapped.unmap()
-            elif worker_key in self._dead:
-                self._slots.pop((worker_key, slot_id), None)
-                mapped.unmap()
-            elif self._slots.get((worker_key, slot_id)) is mapped:
-                self._releases[worker_key].append(slot_id)
-                if mapped.capacity >= _EAGER_RELEASE_BYTES:
-                    self._urgent.add(worker_key)
-            else:
-                mapped.unmap()  # the worker is gone or dropped it
-
-    def urgent(self) -> List[int]:
-        """Workers with a large released slot waiting to go back to them."""
-        reap_some()
-        if not self._urgent:  # the common case, twice per batch: no lock, no list
-            return []
-        with self._lock:
-            keys, self._urgent = list(self._urgent), set()
-        return keys
-
-    def take_releases(self, worker_key: int) -> List[int]:
-        reap_some()
-        self._urgent.discard(worker_key)
-        queue = self._releases.get(worker_key)
-        out: List[int] = []
-        while queue:
-            out.append(queue.popleft())
-        return out
-
-    def forget_worker(self, worker_key: int) -> None:
-        """A worker exited: unmap its idle slots; busy ones go when their batch does."""
-        with self._lock:
-            self._releases.pop(worker_key, None)
-            self._dead.add(worker_key)
-            for key in [k for k in self._slots if k[0] == worker_key]:
-                if self._slots[key].busy:
-                    continue
-                mapped = self._slots.pop(key)
-                if not mapped.busy:
-                    mapped.unmap()
-
-    def close(self) -> None:
-        """Unmap every idle slot; a busy one is unmapped when its batch is released."""
-        with self._lock:
-            for key in list(self._slots):
-                self._dead.add(key[0])
-                if not self._slots[key].busy:
-                    self._slots.pop(key).unmap()
-            self._releases.clear()

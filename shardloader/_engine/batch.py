@@ -1,0 +1,182 @@
+"""Making one batch: load its samples, seeded, and batchify them.
+
+``BatchMaker`` is the one place a batch is made, in every mode (inline, thread workers,
+process workers), so all three seed and validate alike (docs/design.md, invariants 5 and 6).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .ipc import alloc as _alloc
+from .seeding import (
+    MXNET_SEED_DOMAIN,
+    GlobalRNGState,
+    derive_seed,
+    seed_all,
+    seed_mxnet,
+    seed_python_and_numpy,
+)
+
+__all__ = ["BatchMaker", "is_sharded"]
+
+
+def _check_index(index: Any, position: int, length: int) -> None:
+    if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        raise TypeError(
+            f"the batch sampler yielded a non-integer index {index!r} "
+            f"(type {type(index).__name__}) at position {position} of the batch; "
+            f"indices must be ints in [0, {length})"
+        )
+    if not 0 <= index < length:
+        raise IndexError(
+            f"the batch sampler yielded index {index} at position {position} of the batch, "
+            f"outside the dataset's range [0, {length})"
+        )
+
+
+def is_sharded(indices: Sequence) -> bool:
+    """Whether a batch sampler item is a step (a list of per-shard index lists). Raises a
+    ``TypeError`` naming the item when it is neither a batch nor a step (a bare index, say)."""
+    try:
+        return len(indices) > 0 and isinstance(indices[0], (list, tuple, np.ndarray))
+    except (TypeError, KeyError, IndexError):
+        pass
+    try:
+        shown = repr(indices)
+    except Exception:  # noqa: BLE001 - only for the message
+        shown = "an object"
+    raise TypeError(
+        f"the batch sampler yielded {shown[:200]} (type {type(indices).__name__}) where a "
+        f"batch was expected: a batch_sampler must yield lists of sample indices (or, for "
+        f"sharded steps, lists of such lists), e.g. [[0, 1], [2, 3]] rather than [0, 1, 2, 3]"
+    )
+
+
+def _no_context() -> ContextManager:
+    return contextlib.nullcontext()
+
+
+class BatchMaker:
+    """Loads the samples of one batch (or one sharded step) and batchifies them.
+
+    Shared by inline loading, thread workers and process workers, so all three seed and
+    validate identically (docs/design.md, invariant 6). ``shared_process=True`` (inline and thread
+    workers) means the global RNGs belong to the user's training thread too: seeded loading
+    then takes a lock and gives ``random`` and ``numpy.random`` their states back afterwards.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batchify_fn: Callable,
+        seed: Optional[int],
+        shared_process: bool = False,
+        mxnet_per_sample: bool = False,
+        numpy_flags: Optional[Tuple[bool, bool]] = None,
+    ) -> None:
+        self.dataset = dataset
+        self._mxnet_per_sample = mxnet_per_sample
+        # MXNet's numpy mode (per thread) for the thread that makes a batch; None: leave it.
+        self._numpy_flags = numpy_flags
+        self.batchify_fn = _stop_iteration_guard(batchify_fn)
+        self.seed = seed
+        self.length = len(dataset)
+        self._shared = shared_process
+        # Seeded thread workers take turns, batch by batch, so that the draws stay exactly
+        # those of a process worker.
+        self._lock = threading.Lock() if shared_process else contextlib.nullcontext()
+        # Threads sharing a dataset make their first batch one at a time: lazy first-call
+        # set-up (a hybridized Gluon transform builds its graph then) is not thread-safe.
+        self._first_batch: Optional[threading.Lock] = threading.Lock() if shared_process else None
+
+    def samples(self, indices: Sequence, epoch: int) -> List[Any]:
+        length, dataset = self.length, self.dataset
+        for pos, i in enumerate(indices):
+            _check_index(i, pos, length)
+        out: List[Any] = []
+        i = None
+        try:
+            if self.seed is None:
+                for i in indices:
+                    out.append(dataset[i])
+                return out
+            with self._lock, GlobalRNGState() if self._shared else contextlib.nullcontext():
+                # By default MXNet's RNG once per batch: reseeding it costs about a millisecond
+                # of engine work. random and numpy.random, which cost microseconds, per sample.
+                per_sample = self._mxnet_per_sample
+                if not per_sample:
+                    seed_mxnet(derive_seed(self.seed ^ MXNET_SEED_DOMAIN, epoch, _fold(indices)))
+                for i in indices:
+                    value = derive_seed(self.seed, epoch, int(i))
+                    if per_sample:
+                        seed_all(value)
+                    else:
+                        seed_python_and_numpy(value)
+                    out.append(dataset[i])
+                return out
+        except StopIteration as exc:
+            # Left alone, it would reach the for loop over the loader as the end of the epoch.
+            raise RuntimeError(
+                f"the dataset's __getitem__ raised StopIteration for sample index {i} "
+                f"(position {len(out)} of the batch). It is raised as RuntimeError, as Gluon's "
+                f"DataLoader does: a StopIteration would end the epoch early without a word"
+            ) from exc
+
+    def make(
+        self, indices: Sequence, epoch: int, output: Callable[[], ContextManager] = _no_context
+    ) -> Any:
+        """The batch (or step) for ``indices``. ``output`` is entered around batchify only,
+        not around the dataset: a dataset that calls batchify functions itself gets its
+        own memory and the usual types, whatever the transport does with the batch."""
+        if self._numpy_flags is not None:
+            _alloc.set_numpy_flags(self._numpy_flags)
+        first = self._first_batch
+        if first is not None:
+            with first:
+                if self._first_batch is not None:
+                    batch = self._make(indices, epoch, output)
+                    self._first_batch = None  # set up: from now on, in parallel
+                    return batch
+        return self._make(indices, epoch, output)
+
+    def _make(self, indices: Sequence, epoch: int, output: Callable[[], ContextManager]) -> Any:
+        batchify = self.batchify_fn
+        if is_sharded(indices):
+            shards = [self.samples(shard, epoch) for shard in indices]
+            with output():
+                return [batchify(samples) for samples in shards]
+        samples = self.samples(indices, epoch)
+        with output():
+            return batchify(samples)
+
+
+def _stop_iteration_guard(batchify_fn: Callable) -> Callable:
+    """``batchify_fn``, with a StopIteration it raises turned into a RuntimeError: a
+    StopIteration would end the epoch early without a word."""
+
+    def batchify(samples):
+        try:
+            return batchify_fn(samples)
+        except StopIteration as exc:
+            raise RuntimeError(
+                f"batchify_fn raised StopIteration while batching {len(samples)} samples. It "
+                f"is raised as RuntimeError, as Gluon's DataLoader does: a StopIteration "
+                f"would end the epoch early without a word"
+            ) from exc
+
+    batchify.__wrapped__ = batchify_fn  # type: ignore[attr-defined]
+    return batchify
+
+
+def _fold(indices: Sequence) -> int:
+    """One 31-bit value from all the indices of a batch, in order: two batches that merely
+    start alike (a rollover carry, a repeated index) must not share MXNet's draws."""
+    h = len(indices)
+    for i in indices:
+        h = derive_seed(h, 0, int(i))
+    return h

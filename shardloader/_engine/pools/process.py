@@ -1,0 +1,354 @@
+"""The process pool: ``num_workers`` processes, each given the dataset once, at start-up.
+
+Messages on each worker's pipe are ``protocol``'s; slots (shared memory) are adopted into
+the pool's ``ipc.table.SlotTable`` as they arrive. The shutdown protocol is the one in
+``pools``' docstring.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import time
+import weakref
+from multiprocessing import connection, reduction
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..._errors import ReadyError, WorkerError
+from .. import protocol
+from ..ipc import inherit
+from ..ipc.table import SlotTable
+from ..protocol import Release, Reply, Result, Task, Work, WorkerLost
+from ..worker import ProcessSetup, WorkerInfo, process_worker_main
+from . import JOIN_TIMEOUT_S, TERMINATE_TIMEOUT_S, finalizing, fresh_entropy
+
+_worker_keys = itertools.count()
+
+# Every open process pool in this process: their pipes are what a forked worker must let go
+# of (ipc.inherit).
+_live_pools: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
+
+
+class _ProcWorker:
+    __slots__ = ("id", "key", "process", "conn", "tasks")
+
+    def __init__(self, worker_id: int, key: int, process, conn) -> None:
+        self.id, self.key, self.process, self.conn = worker_id, key, process, conn
+        self.tasks: Dict[Tuple[int, int], Task] = {}  # (iter_id, first seq) -> task
+
+
+def _shutdown_processes(workers: Dict[int, _ProcWorker], table) -> None:
+    """Idempotent teardown shared by close() and the garbage-collection finalizer."""
+    procs = list(workers.values())
+    workers.clear()
+    for w in procs:
+        try:
+            w.conn.send_bytes(protocol.encode(protocol.STOP))
+        except (OSError, ValueError):
+            pass
+    if not finalizing():
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        for w in procs:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+    for w in procs:
+        if w.process.is_alive():
+            w.process.terminate()
+    for w in procs:
+        if not finalizing():
+            w.process.join(TERMINATE_TIMEOUT_S)
+        _reap(w)
+    table.close()
+
+
+class ProcessPool:
+    """``num_workers`` processes, each given the dataset once, at start-up."""
+
+    kind = "process"
+
+    def __init__(
+        self,
+        num_workers: int,
+        dataset: Any,
+        batchify_fn: Callable,
+        *,
+        native_batchify: bool,
+        seed: Optional[int],
+        worker_init_fn: Optional[Callable],
+        start_method: str,
+        mxnet_per_sample: bool = False,
+        numpy_flags: Optional[Tuple[bool, bool]] = None,
+    ) -> None:
+        self._mxnet_per_sample = mxnet_per_sample
+        self._numpy_flags = numpy_flags
+        self.num_workers = num_workers
+        self._dataset = dataset
+        self._batchify_fn = batchify_fn
+        self._native_batchify = native_batchify
+        self._seed = seed
+        self._worker_init_fn = worker_init_fn
+        self._ctx = mp.get_context(start_method)
+        self._entropy = fresh_entropy()
+        self._workers: Dict[int, _ProcWorker] = {}
+        self._table = SlotTable()
+        self._lock = threading.RLock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _shutdown_processes, self._workers, self._table)
+        _live_pools.add(self)
+        for worker_id in range(num_workers):
+            self._spawn(worker_id)
+
+    # -- lifecycle
+    def _spawn(self, worker_id: int, entropy: Optional[int] = None) -> None:
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        method = self._ctx.get_start_method()
+        # A forked worker inherits the main process's ends of every pool's pipes (its own
+        # included) and its mappings of every pool's slots: it lets go of them at once, so
+        # that closing a pool frees its memory and its workers see the end of their pipes.
+        foreign_fds = inherit.foreign_fds(parent_conn, _live_pools) if method == "fork" else []
+        # The parent-death signal follows the thread that forks: only a thread that lives as
+        # long as the process (the main thread; a forkserver's) may arm it. Every worker
+        # also watches the main process itself (see worker).
+        death_signal = method == "forkserver" or (
+            threading.current_thread() is threading.main_thread()
+        )
+        setup = ProcessSetup(
+            info=WorkerInfo(worker_id, self.num_workers, self._seed, self._dataset),
+            batchify_fn=self._batchify_fn,
+            native_batchify=self._native_batchify,
+            entropy=self._entropy if entropy is None else entropy,
+            worker_init_fn=self._worker_init_fn,
+            parent_pid=os.getpid(),
+            inherited_fds=foreign_fds,
+            mxnet_per_sample=self._mxnet_per_sample,
+            numpy_flags=self._numpy_flags,
+            death_signal=death_signal,
+            forked_by_parent=method != "forkserver",
+        )
+        process = self._ctx.Process(
+            target=process_worker_main,
+            args=(setup, child_conn),
+            name=f"shardloader-worker-{worker_id}",
+            daemon=True,
+        )
+        try:
+            process.start()
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            parent_conn.close()
+            child_conn.close()
+            raise TypeError(
+                f"the dataset, batchify_fn or worker_init_fn cannot be pickled to start a "
+                f"worker with start_method={self._ctx.get_start_method()!r} "
+                f"({type(exc).__name__}: {exc}). Use start_method='fork' or "
+                f"thread_pool=True, or make the object picklable."
+            ) from exc
+        child_conn.close()
+        self._workers[worker_id] = _ProcWorker(worker_id, next(_worker_keys), process, parent_conn)
+
+    def restart(self, worker_id: int) -> None:
+        """Replace a dead worker with a fresh process."""
+        with self._lock:
+            old = self._workers.pop(worker_id, None)
+            if old is not None:
+                self._table.forget_worker(old.key)
+                _reap(old)
+            # Fresh entropy: without a seed, the new worker must not replay the draws of the
+            # one it replaces (with a seed, seeding before each sample decides them anyway).
+            self._spawn(worker_id, entropy=fresh_entropy())
+
+    @property
+    def closed(self) -> bool:
+        """Closed, or missing a worker that died and was not replaced: either way the pool
+        cannot serve another epoch, and the loader starts a new one."""
+        return self._closed or len(self._workers) < self.num_workers
+
+    @property
+    def can_restart(self) -> bool:
+        """Whether ``restart`` may replace a dead worker (not after ``close()``)."""
+        return not self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            _live_pools.discard(self)
+            self._finalizer()
+
+    def pids(self) -> List[int]:
+        return [w.process.pid for w in self._workers.values()]
+
+    def connections(self) -> List[Tuple[Any, Any]]:
+        """Each worker's ``(pipe end, process)``: what a worker forked later must let go of
+        (``ipc.inherit.foreign_fds``)."""
+        return [(w.conn, w.process) for w in list(self._workers.values())]
+
+    # -- work
+    def submit(self, task: Task) -> None:
+        """Send ``task`` to the least-loaded worker."""
+        with self._lock:
+            if not self._workers:
+                # Every worker died, and each death failed the open epochs already: the
+                # task has nowhere to go, and poll() refuses to wait on nothing.
+                return
+            w = min(self._workers.values(), key=lambda w: (len(w.tasks), w.id))
+            released = self._table.take_releases(w.key)
+            w.tasks[(task.iter_id, task.batches[0][0])] = task
+            try:
+                w.conn.send_bytes(protocol.encode(Work(task, released)))
+            except (OSError, ValueError):
+                pass  # the worker is dead; poll() reports it with this task as lost
+            self._send_urgent_releases()
+
+    def _send_urgent_releases(self) -> None:
+        by_key = {w.key: w for w in self._workers.values()}
+        for key in self._table.urgent():
+            w = by_key.get(key)
+            released = self._table.take_releases(key) if w is not None else []
+            if released:
+                try:
+                    w.conn.send_bytes(protocol.encode(Release(released)))
+                except (OSError, ValueError):
+                    pass  # dead: poll() will say so
+
+    def poll(self, timeout: float) -> Tuple[List[Result], List[WorkerLost]]:
+        """Wait up to ``timeout`` seconds for results or worker deaths."""
+        with self._lock:
+            if not self._workers:
+                raise WorkerError(
+                    "the worker pool has no live workers left (their deaths were reported "
+                    "before); the next iter() starts a new pool"
+                )
+            self._send_urgent_releases()
+            results: List[Result] = []
+            # Fast path: replies already waiting cost one poll() each, no selector.
+            for w in list(self._workers.values()):
+                if w.conn.poll(0) and self._receive(w, results):
+                    continue
+            if results:
+                return results, []
+            by_fd = {}
+            for w in self._workers.values():
+                by_fd[w.conn] = w
+                by_fd[w.process.sentinel] = w
+            ready = connection.wait(list(by_fd), timeout) if by_fd else []
+            lost: List[WorkerLost] = []
+            dead = []
+            for obj in ready:
+                w = by_fd[obj]
+                if obj is w.conn:
+                    if not self._receive(w, results):
+                        dead.append(w)
+                elif w not in dead:
+                    dead.append(w)
+            for w in dead:
+                while self._receive(w, results, block=False):
+                    pass
+                lost.append(self._bury(w))
+            return results, lost
+
+    def _receive(self, w: _ProcWorker, results: List[Result], block: bool = True) -> bool:
+        """Read one ``protocol.Reply`` from ``w``; False when its pipe is closed (it died).
+
+        The reply's heads always unpickle, and say how many descriptors follow: all of them
+        are read before anything else can fail, so the next read starts at the next message.
+        """
+        fds: List[int] = []
+        try:
+            if not block and not w.conn.poll(0):
+                return False
+            reply: Reply = protocol.decode(w.conn.recv_bytes())
+            for _ in reply.new_slots:
+                fds.append(reduction.recv_handle(w.conn))
+            for slot_id, capacity in reply.new_slots:
+                self._table.adopt(w.key, slot_id, fds.pop(0), capacity)  # it closes the fd
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
+            for fd in fds:
+                _close_fd(fd)
+            return False  # the pipe is closed or out of step: the worker must go
+        self._table.drop(w.key, reply.dropped)
+        self._unpack(w, reply, results)
+        return True
+
+    def _unpack(self, w: _ProcWorker, reply: Reply, results: List[Result]) -> None:
+        """One ``Result`` per head. A payload that does not unpickle here (a class only the
+        worker can import) becomes a ``WorkerError`` for that batch; the results after it in
+        the same reply share its pickle memo, so they are dropped with it (the epoch ends
+        at the first of them anyway)."""
+        load_next = protocol.payload_reader(reply)
+        failed: Optional[WorkerError] = None
+        for n, head in enumerate(reply.heads):
+            indices = self._finish_task(w, head.iter_id, head.seq)
+            ok = head.ok
+            try:
+                if failed is not None:
+                    raise failed
+                payload = load_next()
+            except Exception as exc:  # noqa: BLE001 - a class only the worker can import, ...
+                if ok:
+                    self._table.discard(w.key, head.slot_id)  # the slot goes back
+                if failed is None:
+                    failed = error = protocol.undecodable(exc, reply, n, w.id, indices)
+                else:
+                    error = protocol.dropped_with(head.seq, failed, w.id, indices)
+                payload, ok = ReadyError(error), False
+            else:
+                if ok:
+                    payload = (payload, head.slot_id)
+                    self._table.received(w.key, head.slot_id)
+            results.append(Result(head.iter_id, head.seq, ok, payload, head.busy_s, w.id, w.key))
+
+    @staticmethod
+    def _finish_task(w: _ProcWorker, iter_id: int, seq: int) -> Optional[Sequence]:
+        """Strike batch ``seq`` from what ``w`` owes; return its indices."""
+        for key, task in list(w.tasks.items()):
+            if key[0] == iter_id and any(s == seq for s, _ in task.batches):
+                remaining = [(s, i) for s, i in task.batches if s != seq]
+                del w.tasks[key]
+                if remaining:
+                    w.tasks[(iter_id, remaining[0][0])] = Task(iter_id, task.epoch, remaining)
+                return next(i for s, i in task.batches if s == seq)
+        return None
+
+    def _bury(self, w: _ProcWorker) -> WorkerLost:
+        self._workers.pop(w.id, None)
+        pid = w.process.pid
+        w.process.join(TERMINATE_TIMEOUT_S)
+        exitcode = w.process.exitcode
+        self._table.forget_worker(w.key)
+        _reap(w)
+        return WorkerLost(w.id, pid, exitcode, list(w.tasks.values()))
+
+    def materialize(self, result: Result) -> Any:
+        skeleton, slot_id = result.payload
+        return self._table.materialize(result.worker_key, slot_id, skeleton)
+
+    def discard(self, result: Result) -> None:
+        if result.ok:
+            self._table.discard(result.worker_key, result.payload[1])
+
+    @property
+    def bytes_delivered(self) -> int:
+        return self._table.bytes_delivered
+
+
+def _close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _reap(w: _ProcWorker) -> None:
+    """Kill ``w`` if it still runs, wait for it, and close its pipe and process handle."""
+    if w.process.is_alive():
+        w.process.kill()
+        w.process.join(TERMINATE_TIMEOUT_S)
+    try:
+        w.conn.close()
+    except OSError:
+        pass
+    try:
+        w.process.close()
+    except ValueError:
+        pass

@@ -1,0 +1,82 @@
+"""Gluon's own batchify functions swapped for this package's, and which functions are this
+package's throughout."""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+from ._append import Append
+from ._default import _FieldStack, default_batchify_fn
+from ._fields import AsList, Dict, Group, List, NamedTuple, Tuple
+from ._pad import Pad, _PadEveryAxis
+from ._stack import Stack
+
+
+def gluon_equivalent(fn: typing.Any) -> typing.Any:
+    """shardloader's implementation of one of Gluon's own batchify functions, or ``fn``.
+
+    MXNet 2.x's ``mx.gluon.data.batchify.Stack``, ``Pad``, ``Group``, ``AsList`` and
+    ``Append`` objects, and Gluon's ``default_batchify_fn`` and ``default_mp_batchify_fn``
+    (both versions), are swapped for functions of this package that give the same batches:
+    a worker process then stacks them straight into shared memory, and samples of either
+    MXNet array type are accepted. ``use_shared_mem`` is dropped (the loader's transport
+    decides where memory lives). A ``Group`` is swapped with its functions, and any other
+    callable, a subclass of Gluon's included, is returned as it is.
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> gluon_equivalent(mx.gluon.data.dataloader.default_batchify_fn) is default_batchify_fn
+    True
+    >>> gluon_equivalent(len) is len
+    True
+    """
+    mx = sys.modules.get("mxnet")
+    if mx is None:
+        return fn
+    loader = sys.modules.get("mxnet.gluon.data.dataloader")
+    if loader is not None and any(
+        fn is getattr(loader, name, None)
+        for name in ("default_batchify_fn", "default_mp_batchify_fn")
+    ):
+        return default_batchify_fn
+    gluon = sys.modules.get("mxnet.gluon.data.batchify")
+    if gluon is None:
+        return fn
+    kind = type(fn)
+    try:
+        if kind is getattr(gluon, "Stack", None):
+            return _FieldStack()
+        if kind is getattr(gluon, "Pad", None):
+            return _PadEveryAxis(fn._pad_val, fn._dtype, fn._round_to)
+        if kind is getattr(gluon, "Group", None):
+            return Group([gluon_equivalent(each) for each in fn._fn])
+        if kind is getattr(gluon, "AsList", None):
+            return AsList()
+        if kind is getattr(gluon, "Append", None):
+            return Append(fn._expand, fn._batch_axis)
+    except (AttributeError, TypeError, ValueError):
+        return fn  # another MXNet's private layout, or arguments we do not take: run it as is
+    return fn
+
+
+def is_native(fn: typing.Any) -> bool:
+    """Whether ``fn`` is built only from this package's functions and classes.
+
+    Then every array it returns comes from ``shardloader._engine.ipc.alloc.to_output``, so a worker
+    process may let it stack straight into shared memory. Any user function in the tree
+    makes the answer ``False`` (its output is still shipped correctly, with one copy).
+
+    >>> is_native(Tuple(Stack(), Pad())), is_native(Tuple(Stack(), len))
+    (True, False)
+    """
+    if fn is default_batchify_fn or isinstance(
+        fn, (Stack, Pad, List, Append, _FieldStack, _PadEveryAxis)
+    ):
+        return True
+    if isinstance(fn, (Tuple, NamedTuple)):
+        return all(is_native(f) for f in fn._fns)
+    if isinstance(fn, Dict):
+        return all(is_native(f) for f in fn._fn_dict.values())
+    return False

@@ -1,0 +1,210 @@
+"""Stacking samples of one shape into one buffer, and gluon-nlp's ``Stack``."""
+
+from __future__ import annotations
+
+import numbers
+import typing
+
+import numpy as np
+
+from .._engine.ipc import alloc as _alloc
+from ._arrays import (
+    _NON_NUMERIC_KINDS,
+    _array_sample,
+    _dtype_repr,
+    _filled_buffer,
+    _is_array,
+    _output_dtype,
+)
+from ._checks import _check_dtype, _describe, _require_samples
+
+_PAD_HINT = "use batchify.Pad to pad variable-length samples"
+
+
+def _shape_of(x) -> tuple:
+    """The shape numpy would give ``x``, without numpy's warning for ragged input.
+
+    ``None`` stands for the size of an axis whose items disagree (a ragged list).
+    """
+    if _is_array(x):
+        return tuple(x.shape)
+    if isinstance(x, (list, tuple)):
+        inner = {_shape_of(item) for item in x}
+        if len(inner) > 1:
+            return (len(x), None)
+        return (len(x),) + (inner.pop() if inner else ())
+    return ()
+
+
+_NO_LEAF = object()
+
+
+def _first_leaf(x):
+    """The first value in ``x`` that is not a list or tuple, depth first, or ``_NO_LEAF``.
+
+    Unlike ``shardloader._engine.nest.leaves``, a dict is a leaf here: ``np.asarray`` reads
+    a dict as one object, so the leaf that decides whether samples are numbers is the dict.
+    """
+    if not isinstance(x, (list, tuple)):
+        return x
+    for item in x:
+        leaf = _first_leaf(item)
+        if leaf is not _NO_LEAF:
+            return leaf
+    return _NO_LEAF
+
+
+def _is_numeric_leaf(x) -> bool:
+    if x is _NO_LEAF:
+        return True
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.dtype(x.dtype).kind not in _NON_NUMERIC_KINDS
+    return isinstance(x, numbers.Number) or _is_array(x)
+
+
+def _mismatch_error(position: int, shape, first_shape) -> ValueError:
+    return ValueError(
+        f"cannot stack sample {position} of shape {tuple(shape)} with sample 0 of shape "
+        f"{tuple(first_shape)}; {_PAD_HINT}"
+    )
+
+
+def _check_same_shapes(samples) -> None:
+    """Raise the mismatch error for the first sample whose shape differs from sample 0's."""
+    first_shape = _shape_of(samples[0])
+    for position, sample in enumerate(samples):
+        shape = _shape_of(sample) if position else first_shape
+        if shape != first_shape:
+            raise _mismatch_error(position, shape, first_shape)
+        if None in shape:
+            raise ValueError(
+                f"cannot stack sample {position} of shape {shape}: its nested lists differ in "
+                f"length; {_PAD_HINT}"
+            )
+
+
+def _uniform_lists(data) -> bool:
+    """Whether list samples nest lists of equal lengths at every level (checked per level, not
+    per number), so that ``np.asarray`` will not meet a ragged list."""
+    level = data
+    while level and type(level[0]) is list:
+        length = len(level[0])
+        for node in level:
+            if type(node) is not list or len(node) != length:
+                return False
+        level = [item for node in level for item in node]
+    return True
+
+
+def _stack_arrays(
+    data, dtype: typing.Optional[np.dtype], owner: str
+) -> typing.Optional[np.ndarray]:
+    """Stack array samples (numpy or NDArray) into one allocator buffer.
+
+    Returns ``None`` when the arrays hold no numbers (strings, objects).
+    """
+    # One pass: a (1, ...) view of every sample, ready to concatenate into the output buffer.
+    views = [
+        a[None] if type(a) is np.ndarray else _array_sample(a, position, owner)[None]
+        for position, a in enumerate(data)
+    ]
+    try:
+        found = np.result_type(*views)
+    except TypeError:  # no common dtype, e.g. strings and numbers
+        return None
+    if found.kind in _NON_NUMERIC_KINDS:
+        return None
+    if dtype is None:
+        dtype = _output_dtype(found)
+    buf = _alloc.empty((len(views),) + views[0].shape[1:], dtype)
+    try:
+        np.concatenate(views, out=buf, casting="unsafe")
+    except ValueError:
+        # numpy checks the shapes for us; only a failure pays for finding the culprit.
+        _check_same_shapes([v[0] for v in views])
+        raise
+    return buf
+
+
+def _stack_values(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.ndarray]:
+    """Stack numbers, numpy scalars or nested lists of them into one allocator buffer.
+
+    Returns ``None`` when the values are not numbers (strings, ``None``, objects).
+    """
+    first = data[0]
+    # Compare list lengths before numpy sees ragged lists: it would warn and build objects.
+    if type(first) is list and not _uniform_lists(data):
+        if not _is_numeric_leaf(_first_leaf(data)):
+            return None
+        _check_same_shapes(data)
+    try:
+        values = np.asarray(data)
+    except ValueError:
+        # numpy refuses some ragged inputs outright; say which sample it was.
+        _check_same_shapes(data)
+        raise
+    found = values.dtype
+    if found.kind in _NON_NUMERIC_KINDS:
+        if found.kind == "O" and _is_numeric_leaf(_first_leaf(data)):
+            _check_same_shapes(data)
+        return None
+    return _filled_buffer(values, _output_dtype(found) if dtype is None else dtype)
+
+
+def _stack(
+    data, dtype: typing.Optional[np.dtype] = None, owner: str = "default_batchify_fn"
+) -> typing.Optional[np.ndarray]:
+    """Stack the leaves of one batch into an allocator buffer, or ``None`` if not numeric."""
+    _require_samples(data, None)
+    if _is_array(data[0]):
+        return _stack_arrays(data, dtype, owner)
+    return _stack_values(data, dtype)
+
+
+class Stack:
+    """Stack samples of one shape along a new first axis.
+
+    Samples may be NDArrays, numpy arrays, numbers, or lists of numbers; lists are read with
+    ``np.asarray``, so ``[1, 2]`` becomes an int64 row.
+
+    Parameters
+    ----------
+    dtype : str or numpy.dtype, optional
+        The dtype of the batch. The default keeps the samples' dtype (promoted, if the samples
+        differ).
+
+    Raises
+    ------
+    ValueError
+        At call time, if the samples' shapes differ (the message names the first offending
+        sample), or if the batch is empty.
+    TypeError
+        At call time, if the samples are not numbers (use ``List`` for those).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from shardloader.batchify import Stack
+    >>> Stack()([[1, 2, 3], [4, 5, 6]]).asnumpy()
+    array([[1, 2, 3],
+           [4, 5, 6]])
+    >>> Stack(dtype="float32")([np.array([1, 2]), np.array([3, 4])]).asnumpy()
+    array([[1., 2.],
+           [3., 4.]], dtype=float32)
+    """
+
+    def __init__(self, dtype=None) -> None:
+        self._dtype = _check_dtype("Stack", dtype)
+
+    def __call__(self, data: typing.Sequence[typing.Any]):
+        """Stack ``data``, the samples of one batch, into an NDArray of shape ``(N, ...)``."""
+        buf = _stack(data, self._dtype, "Stack")
+        if buf is None:
+            raise TypeError(
+                f"Stack: cannot stack samples that are not numbers, such as "
+                f"{_describe(_first_leaf(data))}; use batchify.List to keep them as a list"
+            )
+        return _alloc.to_output(buf)
+
+    def __repr__(self) -> str:
+        return f"Stack(dtype={_dtype_repr(self._dtype)})"
