@@ -2,16 +2,16 @@
 
     batch sampler --(seq, indices)--> pool --> reorder buffer --> pin/device --> user
 
-This module wires the stages together and keeps the per-epoch bookkeeping (epoch number,
-batches handed out, stats, checkpoint state). The stages live in their own modules.
+This module holds the arguments, the epoch bookkeeping (epoch number, batches handed out,
+prestarted epochs) and checkpoints. ``_pipeline`` puts the stages together; each stage lives
+in its own module (docs/design.md, "The data path").
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from mxnet.gluon.data import DataLoader as _GluonDataLoader
 
@@ -20,23 +20,14 @@ from . import batchify as _batchify
 from ._compat import MX2, gluon_positional_order
 from ._engine import interrupts as _interrupts
 from ._engine import options as _options
-from ._engine.batch import BatchMaker
-from ._engine.device import check_shards_fit, pin_context, placement, require_steps
-from ._engine.epoch import InlineEpoch, LoaderEpoch, PooledEpoch
+from ._engine.device import check_shards_fit
+from ._engine.epoch import LoaderEpoch
 from ._engine.gluon_cpp import cpp_pipeline
-from ._engine.ipc.alloc import numpy_flags
-from ._engine.pools import ProcessPool, ThreadPool
-from ._engine.router import Router
 from ._engine.stats import Stats
 from ._errors import ClosedIteratorError
+from ._pipeline import Pipeline, build_batch_sampler
 from ._validate import check_int
-from .sampler import (
-    BatchSampler,
-    PartitionSampler,
-    RandomSampler,
-    SequentialSampler,
-    ShardGroupSampler,
-)
+from .recordio import thread_safe
 
 __all__ = ["ShardedDataLoader", "DataLoader"]
 
@@ -173,30 +164,22 @@ class ShardedDataLoader(_GluonDataLoader):
     ) -> None:
         # Every parameter but the dataset, as given, validated in one place (options).
         arguments = {k: v for k, v in locals().items() if k not in ("self", "dataset")}
-        opts = _options.validate(**arguments)
-        self._opts = opts
-        self._dataset = dataset
+        opts = self._opts = _options.validate(**arguments)
         self._length = _options.check_dataset(dataset)
+        self._dataset = dataset
         if opts.thread_pool and opts.num_workers > 0:
-            from .recordio import thread_safe  # Gluon's record datasets share one file handle
-
-            self._dataset = thread_safe(dataset)
-        if num_parts > 1 and shuffle and seed is None:
-            raise ValueError(
-                "num_parts > 1 with shuffle=True needs seed=<int>, so that every machine "
-                "draws the same permutation and the parts stay disjoint"
-            )
+            self._dataset = thread_safe(dataset)  # Gluon's record datasets share one handle
         self._stats = Stats()
-        self._batch_sampler = self._build_batch_sampler(sampler, batch_sampler)
-        self._set_batchify(batchify_fn, dataset, sampler, batch_sampler, start_method)
+        self._batch_sampler = build_batch_sampler(opts, self._length, sampler, batch_sampler)
+        watch = getattr(self._batch_sampler, "_watch_repeats", None)
+        if callable(watch):
+            watch(self, "_stats")  # samples repeated to fill a step go to stats()
+        cpp = self._set_batchify(batchify_fn, dataset, sampler, batch_sampler, start_method)
         _interrupts.install()
-        # Like Gluon, workers take MXNet's numpy mode from when the loader was made; inline
-        # loading follows the consuming thread's mode at each batch.
-        self._numpy_flags = numpy_flags()
-        self._ctx = placement(opts.ctx, opts.ctx_name)
-        self._pin = pin_context(opts.pin_memory, opts.pin_device_id)
-        check_shards_fit(self._ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
-        self._router: Optional[Router] = None
+        self._pipeline = Pipeline(
+            opts, self._dataset, self._length, self._batch_fn, self._stats, cpp
+        )
+        check_shards_fit(self._pipeline.ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
         self._closed = False
         self._next_epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
@@ -211,8 +194,9 @@ class ShardedDataLoader(_GluonDataLoader):
         if opts.auto_reload:
             self._prestarted = self._start_epoch()
 
-    # ------------------------------------------------------------------ construction
-    def _set_batchify(self, batchify_fn, dataset, sampler, batch_sampler, start_method) -> None:
+    def _set_batchify(self, batchify_fn, dataset, sampler, batch_sampler, start_method):
+        """Sets Gluon's ``_batchify_fn`` and what the workers run; MXNet 2.x's C++ pipeline
+        where ``try_nopython=True`` asks for it and Gluon can use it, else None."""
         if batchify_fn is None:
             # Gluon's default: default_batchify_fn in MXNet 1.x, batchify.Stack() in 2.x,
             # which splits list samples into fields as it does tuples.
@@ -220,8 +204,7 @@ class ShardedDataLoader(_GluonDataLoader):
         self._batchify_fn = batchify_fn
         # What the workers run: Gluon's own batchify functions swapped for ours.
         self._batch_fn = _batchify.gluon_equivalent(batchify_fn)
-        # MXNet 2.x's C++ pipeline, when try_nopython=True asks for it and Gluon can use it.
-        self._cpp = cpp_pipeline(
+        return cpp_pipeline(
             self._opts,
             dataset,
             sampler,
@@ -230,63 +213,6 @@ class ShardedDataLoader(_GluonDataLoader):
             start_method,
             default_batchify=isinstance(batchify_fn, _batchify._FieldStack),
         )
-
-    def _build_batch_sampler(self, sampler, batch_sampler):
-        opts = self._opts
-        if batch_sampler is None:
-            if sampler is None:
-                sampler = (
-                    RandomSampler(self._length, seed=opts.seed)
-                    if opts.shuffle
-                    else SequentialSampler(self._length)
-                )
-            if opts.num_parts > 1:
-                sampler = PartitionSampler(
-                    sampler, opts.num_parts, opts.part_index, even_size=opts.even_size
-                )
-            batch_sampler = BatchSampler(sampler, opts.batch_size, opts.last_batch or "keep")
-        elif opts.num_parts > 1:
-            batch_sampler = PartitionSampler(
-                batch_sampler, opts.num_parts, opts.part_index, even_size=opts.even_size
-            )
-        if opts.num_shards:
-            # 'keep' gives every step num_shards shards, spreading a short tail over them.
-            batch_sampler = ShardGroupSampler(
-                batch_sampler, opts.num_shards, last_group=opts.last_batch or "keep"
-            )
-        watch = getattr(batch_sampler, "_watch_repeats", None)
-        if callable(watch):
-            watch(self, "_stats")  # samples repeated to fill a step go to stats()
-        return batch_sampler
-
-    def _get_router(self) -> Router:
-        router = self._router
-        if router is not None and router.broken is None and not router.pool.closed:
-            return router
-        if router is not None:
-            router.pool.close()  # a dead or stuck worker: start over with a fresh pool
-        opts = self._opts
-        if not opts.thread_pool and mp.current_process().daemon:
-            raise RuntimeError(
-                "ShardedDataLoader(num_workers>0) cannot start worker processes here: this "
-                "is a daemonic process (a worker of a loader or of a multiprocessing.Pool), "
-                "and those may not have children. Inside a worker, use num_workers=0 or "
-                "thread_pool=True."
-            )
-        pool_cls = ThreadPool if opts.thread_pool else ProcessPool
-        pool = pool_cls(
-            opts.num_workers,
-            self._dataset,
-            self._batch_fn,
-            native_batchify=_batchify.is_native(self._batch_fn),
-            seed=opts.seed,
-            worker_init_fn=opts.worker_init_fn,
-            start_method=opts.start_method,
-            mxnet_per_sample=opts.mxnet_seed == "sample",
-            numpy_flags=self._numpy_flags,
-        )
-        self._router = Router(pool, opts.on_worker_death, self._stats)
-        return self._router
 
     # ------------------------------------------------------------------ epochs
     def _start_epoch(self) -> LoaderEpoch:
@@ -304,43 +230,11 @@ class ShardedDataLoader(_GluonDataLoader):
         if hasattr(bs, "set_epoch"):
             bs.set_epoch(epoch)
         start_state = _checkpoint.sampler_state(bs)
-        items = itertools.islice(enumerate(bs), skip, None)
-        if isinstance(self._ctx, list):
-            items = require_steps(items, len(self._ctx), self._opts.ctx_name)
-        opts = self._opts
-        # An empty dataset has no batches (as in Gluon): no worker is started for it. A batch
-        # sampler that yields an index anyway gets the usual IndexError, inline.
-        if self._cpp is not None:
-            source = iter(self._cpp)  # Gluon's C++ pipeline: it pins, and starts over, itself
-        elif opts.num_workers == 0 or self._length == 0:
-            source = InlineEpoch(items, self._inline_maker(epoch), self._stats)
-        else:
-            source = PooledEpoch(
-                self._get_router(), items, skip, epoch, opts.prefetch, opts.timeout, self._stats
-            )
-        if self._ctx is not None:
-            from .prefetch import DevicePrefetcher
-
-            source = DevicePrefetcher(self._ctx, buffer_size=max(1, opts.prefetch or 1)).prefetch(
-                source
-            )
-        pin = None if self._cpp is not None else self._pin
+        source = self._pipeline.open(itertools.islice(enumerate(bs), skip, None), epoch, skip)
+        pin = self._pipeline.pin
         it = LoaderEpoch(self, source, epoch, skip, start_state, pin, self._stats)
         self._open.add(it)
         return it
-
-    def _inline_maker(self, epoch: int) -> Callable[[Sequence], Any]:
-        maker = BatchMaker(
-            self._dataset,
-            self._batch_fn,
-            self._opts.seed,
-            shared_process=True,
-            mxnet_per_sample=self._opts.mxnet_seed == "sample",
-            # With ctx, batches are made on the placement thread: give it the numpy mode of
-            # the thread that started the epoch. Otherwise the consumer's own mode applies.
-            numpy_flags=numpy_flags() if self._ctx is not None else None,
-        )
-        return lambda indices: maker.make(indices, epoch)
 
     def __iter__(self) -> Iterator[Any]:
         it, self._prestarted = self._prestarted, None
@@ -429,7 +323,7 @@ class ShardedDataLoader(_GluonDataLoader):
         self._next_epoch = resume["epoch"]
 
     def _refuse_with_cpp(self, what: str) -> None:
-        if self._cpp is not None:
+        if self._pipeline.cpp is not None:
             raise RuntimeError(
                 f"{what} needs shardloader's own pipeline: with try_nopython=True this loader's "
                 "batches come from MXNet's C++ pipeline, whose order shardloader can neither "
@@ -455,10 +349,7 @@ class ShardedDataLoader(_GluonDataLoader):
         for it in list(self._open):
             it.close()
         self._prestarted = None
-        self._cpp = None  # its C++ threads stop when MXNet frees the iterator
-        if self._router is not None:
-            self._router.pool.close()
-            self._router = None
+        self._pipeline.close()
 
     def __enter__(self) -> ShardedDataLoader:
         return self
@@ -479,11 +370,11 @@ class ShardedDataLoader(_GluonDataLoader):
     _iter = property(lambda self: self._prestarted)
     auto_reload = property(lambda self: self._opts.auto_reload)
     # MXNet 2.x's: Gluon's C++ pipeline where try_nopython=True uses it, else None.
-    _mx_iter = property(lambda self: self._cpp)
+    _mx_iter = property(lambda self: self._pipeline.cpp)
 
     def worker_pids(self) -> List[int]:
         """PIDs of the live worker processes (empty for inline or thread workers)."""
-        return self._router.pool.pids() if self._router is not None else []
+        return self._pipeline.worker_pids()
 
 
 DataLoader = ShardedDataLoader

@@ -129,6 +129,11 @@ def _check_sharding(v: Dict[str, Any]) -> None:
         raise ValueError(
             f"part_index must be in [0, num_parts={v['num_parts']}), got {v['part_index']}"
         )
+    if v["num_parts"] > 1 and v["shuffle"] and v["seed"] is None:
+        raise ValueError(
+            "num_parts > 1 with shuffle=True needs seed=<int>, so that every machine "
+            "draws the same permutation and the parts stay disjoint"
+        )
 
 
 def _check_timeout(timeout: Any) -> Optional[float]:
