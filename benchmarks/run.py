@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import report
 from .harness import run_isolated
-from .report import Cell
+from .summary import Cell
 from .workloads import CPP_LOADERS, WORKLOADS, calibrate_cpu_work, mxnet_2, torch_available
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from conftest import MX2, requires_mx2  # noqa: E402
 
-from benchmarks import report  # noqa: E402
+from benchmarks import report, summary, targets  # noqa: E402
 from benchmarks.harness import run_isolated, time_loader  # noqa: E402
 from benchmarks.workloads import Case, build  # noqa: E402
 from shardloader.tools.measure import count_samples, count_step_samples, touch  # noqa: E402
@@ -88,7 +88,7 @@ def test_touch_and_count_walk_nested_batches():
 
 
 def test_isolated_runs_feed_the_report(tmp_path):
-    cells = [report.Cell("W1", 2, reps=1)]
+    cells = [summary.Cell("W1", 2, reps=1)]
     runs = []
     for loader in cells[0].loaders:
         case = {"workload": "W1", "loader": loader, "num_workers": 2, "samples": 320}
@@ -293,12 +293,12 @@ def _run(cell, loader, round_, rate, **extra):
 def test_report_evaluates_the_issue_13_targets(tmp_path):
     """Made-up runs (nothing timed): each target's ratio, pairing and verdict."""
     cells = [
-        report.Cell("W2", 0, reps=2),
-        report.Cell("W2", 2, reps=2),
-        report.Cell("W5", 0, reps=2),
-        report.Cell("W5", 2, reps=2, loaders=("gluon", "ours", "recorditer")),
-        report.Cell("W5", 2, thread_pool=True, reps=2),
-        report.Cell("W6", 2, reps=2),
+        summary.Cell("W2", 0, reps=2),
+        summary.Cell("W2", 2, reps=2),
+        summary.Cell("W5", 0, reps=2),
+        summary.Cell("W5", 2, reps=2, loaders=("gluon", "ours", "recorditer")),
+        summary.Cell("W5", 2, thread_pool=True, reps=2),
+        summary.Cell("W6", 2, reps=2),
     ]
     runs = []
     for r in (0, 1):
@@ -387,7 +387,7 @@ def test_run_reports_the_stacking_task_end_to_end(tmp_path, capsys):
 def test_w3_fraction_of_ideal_is_paired_per_round():
     """Made-up runs: the fraction of the ideal 2x comes from each round's own pair of runs,
     with the spread over the rounds."""
-    cells = [report.Cell("W3", 0, reps=3), report.Cell("W3", 2, reps=3)]
+    cells = [summary.Cell("W3", 0, reps=3), summary.Cell("W3", 2, reps=3)]
     runs = []
     for r, (inline, two) in enumerate([(100, 190), (50, 90), (100, 196)]):
         for loader in ("gluon", "ours"):
@@ -395,9 +395,9 @@ def test_w3_fraction_of_ideal_is_paired_per_round():
                 _run("W3 inline nw=0", loader, r, inline),
                 _run("W3 process nw=2", loader, r, two),
             ]
-    summary = report.summarise(cells, runs)
-    targets = report.check_targets(summary, report.comparisons(runs))
-    (w3,) = [t for t in targets if t.name.startswith("W3")]
+    summarised = summary.summarise(cells, runs)
+    checked = targets.check_targets(summarised, summary.comparisons(runs))
+    (w3,) = [t for t in checked if t.name.startswith("W3")]
     assert w3.measured == pytest.approx(0.95) and w3.status == "PASS"
     assert w3.spread == pytest.approx((0.9, 0.98))
     assert report._fmt_target(w3) == ("0.950 (0.900-0.980)", ">= 0.95")
