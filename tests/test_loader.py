@@ -230,6 +230,8 @@ GLUON_ERRORS = [
     (dict(batch_size=2, start_method="telepathy"), ValueError, "start_method"),
     (dict(batch_size=2, on_worker_death="ignore"), ValueError, "on_worker_death"),
     (dict(batch_size=2, batchify_fn=3), TypeError, "batchify_fn"),
+    (dict(batch_size=2, num_parts=2, part_index=2), ValueError, r"part_index must be in \[0, "),
+    (dict(batch_size=2, num_parts=2, shuffle=True), ValueError, "shuffle=True needs seed=<int>"),
 ]
 
 

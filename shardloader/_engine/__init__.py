@@ -34,5 +34,6 @@ gluon_cpp      MXNet 2.x's C++ pipeline, for ``try_nopython=True``
 
 Nothing is imported here: a module that needs one stage (batchify needs ``ipc.alloc``,
 the samplers ``seeding``) imports only that stage.
+
 ``shardloader._pipeline`` puts the stages together for the loader, in one place.
 """
