@@ -10,10 +10,11 @@ On a worker process's pipe (``worker``, ``pools.process``), each message is one 
 
 * to the worker: a ``Work`` (a task, and the slot ids the main process is done with), a
   ``Release`` (slot ids only, sent at once when a large slot comes free) or ``STOP``;
-* from the worker: a ``Reply``: one ``Head`` per finished batch, the slots the worker
-  created for them (``(slot_id, capacity)``; each slot's file descriptor follows the message
-  on the socket), the slots it unmapped, and ``payloads``, one stream of pickles (a batch's
-  skeleton, or a ``RemoteError``), the n-th ending at ``heads[n].end``.
+* from the worker: a ``Failed`` (it could not start: seeding or ``worker_init_fn`` raised;
+  the worker exits after sending it), or a ``Reply``: one ``Head`` per finished batch, the
+  slots the worker created for them (``(slot_id, capacity)``; each slot's file descriptor
+  follows the message on the socket), the slots it unmapped, and ``payloads``, one stream of
+  pickles (a batch's skeleton, or a ``RemoteError``), the n-th ending at ``heads[n].end``.
 
 The heads hold builtin types and this module's tuples only, so the main process can always
 read them, and so always knows how many descriptors follow. The payloads come from one
@@ -36,6 +37,7 @@ import numpy as np
 from .._errors import RemoteError, WorkerError, short_indices
 
 __all__ = [
+    "Failed",
     "Head",
     "Release",
     "Reply",
@@ -111,6 +113,14 @@ def decode(data: bytes) -> Any:
 
 
 # ------------------------------------------------------------- a worker -> main process
+
+
+class Failed(NamedTuple):
+    """A worker process that could not start: ``where`` (``"worker_init_fn"``, say) raised
+    ``error``. It is the worker's only message; the pool reports it with the worker's exit."""
+
+    error: RemoteError
+    where: str
 
 
 class Head(NamedTuple):

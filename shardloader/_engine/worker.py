@@ -42,7 +42,18 @@ from .ipc import alloc as _alloc
 from .ipc import inherit
 from .ipc.slots import SlotRing
 from .lifeline import parent_death_signal, start_lifeline
-from .protocol import STOP, Release, Result, Task, Work, WorkerLost, decode, encode_reply
+from .protocol import (
+    STOP,
+    Failed,
+    Release,
+    Result,
+    Task,
+    Work,
+    WorkerLost,
+    decode,
+    encode,
+    encode_reply,
+)
 from .seeding import seed_thread_worker, seed_worker
 
 # How often an idle worker process checks that its parent is still alive.
@@ -72,11 +83,27 @@ def get_worker_info() -> Optional[WorkerInfo]:
     return getattr(_info, "value", None)
 
 
-def _start(info: WorkerInfo, worker_init_fn: Optional[Callable]) -> None:
-    """What every worker does first: say who it is, then run the user's initializer."""
+class _StartError(Exception):
+    """Seeding or ``worker_init_fn`` raised (the ``__cause__``); ``where`` says which."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+def _start(info: WorkerInfo, seed: Callable[[], None], worker_init_fn: Optional[Callable]) -> None:
+    """What every worker does first: say who it is, seed, then run the user's initializer.
+    What raises is named (``_StartError.where``), so an error is never blamed on a
+    ``worker_init_fn`` that was not given or had not run yet."""
     _info.value = info
-    if worker_init_fn is not None:
-        worker_init_fn(info.id)
+    where = "seeding the worker"
+    try:
+        seed()
+        if worker_init_fn is not None:
+            where = "worker_init_fn"
+            worker_init_fn(info.id)
+    except BaseException as exc:  # noqa: BLE001 - reported as the worker's failure to start
+        raise _StartError(where) from exc
 
 
 class WorkerLoop:
@@ -160,13 +187,14 @@ def thread_worker_main(
         lambda epoch, seq, indices: maker.make(indices, epoch),
         _ThreadChannel(info.id, tasks, results, stop),
     )
-    where = "worker_init_fn"
     try:
-        seed_thread_worker(info.id, info.seed, entropy)
-        _start(info, worker_init_fn)
-        where = "its loop, between batches,"
+        _start(info, lambda: seed_thread_worker(info.id, info.seed, entropy), worker_init_fn)
         loop.run()
     except BaseException as exc:  # noqa: BLE001 - a worker thread must not die silently
+        if isinstance(exc, _StartError):
+            where, exc = exc.where, exc.__cause__
+        else:
+            where = "its loop, between batches,"
         task = loop.task
         owed = [Task(task.iter_id, task.epoch, loop.pending)] if loop.pending else []
         error = RemoteError.capture(exc, info.id, None, None)
@@ -283,8 +311,18 @@ def process_worker_main(setup: ProcessSetup, conn) -> None:
             arm()
     inherit.forget(conn.fileno(), setup.inherited_fds)
     start_lifeline(setup.parent_pid, setup.forked_by_parent)
-    seed_worker(info.id, info.seed, setup.entropy)
-    _start(info, setup.worker_init_fn)
+    try:
+        _start(info, lambda: seed_worker(info.id, info.seed, setup.entropy), setup.worker_init_fn)
+    except _StartError as failed:
+        # Said to the main process, which reports it as this worker's end (and does not
+        # restart a worker whose start fails); nothing is printed here.
+        error = RemoteError.capture(failed.__cause__, info.id, None, None)
+        try:
+            conn.send_bytes(encode(Failed(error, failed.where)))
+        except (OSError, ValueError):
+            pass  # the main process is gone
+        conn.close()
+        return
     maker = BatchMaker(
         info.dataset,
         setup.batchify_fn,

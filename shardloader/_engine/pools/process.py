@@ -21,7 +21,7 @@ from ..._errors import ReadyError, WorkerError
 from .. import protocol
 from ..ipc import inherit
 from ..ipc.table import SlotTable
-from ..protocol import Release, Reply, Result, Task, Work, WorkerLost
+from ..protocol import Failed, Release, Reply, Result, Task, Work, WorkerLost
 from ..worker import ProcessSetup, WorkerInfo, process_worker_main
 from . import JOIN_TIMEOUT_S, TERMINATE_TIMEOUT_S, finalizing, fresh_entropy
 
@@ -33,11 +33,12 @@ _live_pools: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
 
 
 class _ProcWorker:
-    __slots__ = ("id", "key", "process", "conn", "tasks")
+    __slots__ = ("id", "key", "process", "conn", "tasks", "failed")
 
     def __init__(self, worker_id: int, key: int, process, conn) -> None:
         self.id, self.key, self.process, self.conn = worker_id, key, process, conn
         self.tasks: Dict[Tuple[int, int], Task] = {}  # (iter_id, first seq) -> task
+        self.failed: Optional[Failed] = None  # it could not start, and said why
 
 
 def _shutdown_processes(workers: Dict[int, _ProcWorker], table) -> None:
@@ -95,6 +96,9 @@ class ProcessPool:
         self._table = SlotTable()
         self._lock = threading.RLock()
         self._closed = False
+        # A worker whose seeding or worker_init_fn raised is not restarted: it would most
+        # likely fail again, as a thread worker's would (invariant 6).
+        self._start_failed = False
         self._finalizer = weakref.finalize(self, _shutdown_processes, self._workers, self._table)
         _live_pools.add(self)
         for worker_id in range(num_workers):
@@ -166,8 +170,9 @@ class ProcessPool:
 
     @property
     def can_restart(self) -> bool:
-        """Whether ``restart`` may replace a dead worker (not after ``close()``)."""
-        return not self._closed
+        """Whether ``restart`` may replace a dead worker: not after ``close()``, nor once a
+        worker failed to start (its ``worker_init_fn`` raised)."""
+        return not self._closed and not self._start_failed
 
     def close(self) -> None:
         with self._lock:
@@ -258,6 +263,9 @@ class ProcessPool:
             if not block and not w.conn.poll(0):
                 return False
             reply: Reply = protocol.decode(w.conn.recv_bytes())
+            if isinstance(reply, Failed):
+                w.failed = reply
+                return False  # its only message: the worker has ended
             for _ in reply.new_slots:
                 fds.append(reduction.recv_handle(w.conn))
             for slot_id, capacity in reply.new_slots:
@@ -317,7 +325,11 @@ class ProcessPool:
         exitcode = w.process.exitcode
         self._table.forget_worker(w.key)
         _reap(w)
-        return WorkerLost(w.id, pid, exitcode, list(w.tasks.values()))
+        tasks = list(w.tasks.values())
+        if w.failed is None:
+            return WorkerLost(w.id, pid, exitcode, tasks)
+        self._start_failed = True
+        return WorkerLost(w.id, pid, exitcode, tasks, w.failed.error, w.failed.where)
 
     def materialize(self, result: Result) -> Any:
         skeleton, slot_id = result.payload
