@@ -15,6 +15,8 @@ copy an array to a device          ``as_in_context``           ``to_device`` (``
 the placement argument's name      ``ctx``                     ``device``
 DLPack import with a kept handle   ``MXNDArrayFromDLPackEx``   ``MXNDArrayFromDLPack``
 Gluon DataLoader's 14th argument   ``auto_reload``             ``try_nopython``
+the default device                 ``current_context()``       ``current_device()`` (the
+                                                               other warns: deprecated)
 =================================  ==========================  ===========================
 
 This module sits below everything else: it imports MXNet and nothing of ours.
@@ -37,6 +39,7 @@ __all__ = [
     "is_device",
     "device_of",
     "to_device",
+    "current_device",
     "dlpack_importer",
     "gluon_positional_order",
 ]
@@ -73,6 +76,15 @@ def to_device(array: Any, device: Any) -> Any:
     if MX2 and isinstance(array, mx.np.ndarray):
         return array.to_device(device)
     return array.as_in_context(device)
+
+
+def current_device() -> Any:
+    """The device MXNet puts new arrays on when none is named (``cpu(0)`` unless a
+    ``with device:`` block says otherwise). 2.x's ``current_context()`` still works but
+    raises MXNet's ``DeprecationWarning``, which ``-W error`` turns into an error."""
+    if MX2:
+        return mx.device.current_device()
+    return mx.context.current_context()
 
 
 def dlpack_importer(lib: Any) -> Any:

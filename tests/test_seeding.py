@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -435,3 +436,40 @@ def test_worker_init_fn_does_not_change_seeded_augmentation(tmp_path):
     plain = _aug(BACKENDS["fork2"], seed=8)
     with_init = _aug(BACKENDS["fork2"], seed=8, worker_init_fn=RecordingInit(tmp_path))
     assert _same_arrays(plain, with_init)
+
+
+# ------------------------------------------------------------ no warnings of our own
+
+
+class StrictDataset(RangeDataset):
+    """Draws from random, numpy and MXNet, with every warning an error wherever it loads:
+    a spawn worker turns them on as it unpickles the dataset (before it seeds), a forked
+    worker inherits the filter, threads share it."""
+
+    def __getitem__(self, i):
+        draw = mx.nd.random.uniform(ctx=mx.cpu()).asscalar()  # the device named: no warning
+        return np.array([i, random.random(), np.random.rand(), draw], dtype=np.float64)
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        warnings.simplefilter("error")
+
+
+@pytest.mark.mx2_smoke
+@pytest.mark.parametrize("backend", ["inline", "thread2", "fork2", "spawn"])
+def test_seeding_raises_no_warning_even_as_errors(backend):
+    """Issue 22, item 16: under MXNet 2.x the per-worker and per-batch seeding called a
+    deprecated MXNet function, so with warnings as errors (``-W error``) every worker died.
+    Seeding is silent now, and the draws are those of a run without the filter."""
+    kwargs = dict(batch_size=4, seed=5, **(SPAWN if backend == "spawn" else BACKENDS[backend]))
+    with ShardedDataLoader(StrictDataset(12), **kwargs) as loader:
+        expected = [b.asnumpy() for b in loader]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with ShardedDataLoader(StrictDataset(12), **kwargs) as loader:
+            got = [b.asnumpy() for b in loader]
+            unseeded = ShardedDataLoader(StrictDataset(12), **{**kwargs, "seed": None})
+            with unseeded:
+                rows = np.concatenate([b.asnumpy() for b in unseeded])
+    assert _same_arrays([got], [expected])
+    assert sorted(rows[:, 0].tolist()) == list(range(12))

@@ -66,11 +66,15 @@ def seed_mxnet(value: int) -> None:
     """
     import mxnet as mx
 
+    from .._compat import current_device
+
     previous = getattr(_reseeds, "marker", None)
     if previous is not None:
         previous.wait_to_read()
     mx.random.seed(value)
-    _reseeds.marker = mx.nd.random.uniform(shape=(1,))
+    # The device named: left to MXNet 2.x, the draw asks for it through a deprecated call,
+    # and its DeprecationWarning would stop every worker under -W error.
+    _reseeds.marker = mx.nd.random.uniform(shape=(1,), ctx=current_device())
 
 
 def seed_all(value: int) -> None:
