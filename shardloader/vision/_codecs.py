@@ -1,0 +1,90 @@
+"""The codecs of the fused path: libjpeg-turbo through ``simplejpeg``, OpenCV for pixels.
+
+Both are optional (``pip install shardloader[vision]``); this is the one module that imports
+them, lazily, so ``import shardloader.vision`` works without them and ``available()`` says
+whether the fused path can run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+INSTALL_HINT = "pip install shardloader[vision]"
+
+# libjpeg-turbo cannot turn these into RGB; MXNet's decoder (OpenCV) can.
+_UNFUSED_COLORSPACES = ("CMYK", "YCCK")
+
+_modules: Optional[Tuple[Any, Any]] = None
+
+
+def modules() -> Optional[Tuple[Any, Any]]:
+    """``(simplejpeg, cv2)``, or ``None`` if either is missing."""
+    global _modules
+    if _modules is None:
+        try:
+            import cv2
+            import simplejpeg
+        except ImportError:
+            return None
+        _modules = (simplejpeg, cv2)
+    return _modules
+
+
+def available() -> bool:
+    """Whether the fused image path can run: ``simplejpeg`` and ``cv2`` both import.
+
+    Returns
+    -------
+    bool
+        ``False`` when the ``vision`` extra is missing (``pip install shardloader[vision]``);
+        every loader then takes the exact path, as it would without this package.
+    """
+    return modules() is not None
+
+
+def jpeg_size(data: Any) -> Optional[Tuple[int, int]]:
+    """``(height, width)`` of a JPEG libjpeg-turbo can decode to RGB or grey, from its header
+    alone; ``None`` for anything else (PNG, CMYK, bytes that are not a JPEG)."""
+    simplejpeg = modules()[0]
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except (ValueError, TypeError):
+        return None
+    if colorspace in _UNFUSED_COLORSPACES or height <= 0 or width <= 0:
+        return None
+    return int(height), int(width)
+
+
+def decode_jpeg(data: Any, flag: int, min_size: Optional[Tuple[int, int]] = None) -> np.ndarray:
+    """Decode a JPEG to uint8 HWC (3 channels RGB for ``flag=1``, 1 grey for ``flag=0``).
+
+    The accurate IDCT and upsampling give the very pixels MXNet's decoder gives (measured:
+    docs/design.md, "Image decoding"). ``min_size=(height, width)`` lets libjpeg-turbo decode
+    at a reduced scale (1/2, 1/4, 1/8, ...) no smaller than that. Raises ``ValueError`` for
+    bytes it cannot decode.
+    """
+    simplejpeg = modules()[0]
+    min_height, min_width = min_size if min_size is not None else (0, 0)
+    pixels = simplejpeg.decode_jpeg(
+        data,
+        colorspace="RGB" if flag else "GRAY",
+        fastdct=False,
+        fastupsample=False,
+        min_height=int(min_height),
+        min_width=int(min_width),
+    )
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    return pixels
+
+
+def decode_exact(data: Any, flag: int) -> np.ndarray:
+    """Decode with MXNet's own decoder (``mx.image.imdecode``) to uint8 HWC numpy: PNG,
+    CMYK and whatever libjpeg-turbo refused. Raises ``MXNetError`` as Gluon would."""
+    import mxnet as mx
+
+    image = mx.image.imdecode(data, flag)
+    image.wait_to_read()  # decoding errors surface only when the result is awaited
+    return image.asnumpy()

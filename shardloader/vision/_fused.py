@@ -1,0 +1,186 @@
+"""The fused path's dataset and batchify function.
+
+``FusedDataset.__getitem__`` reads an image's bytes, parses its JPEG header and draws the
+pipeline's random parameters: that is all that runs while the loader has seeded the sample
+(docs/design.md, invariant 5), so seeded thread workers hold their lock only briefly.
+``FusedBatchify`` then decodes, crops, resizes and flips each image straight into one uint8
+buffer, and applies ToTensor and Normalize to the whole batch at once, into a buffer from
+the batch allocator (a worker's shared-memory slot).
+
+An image libjpeg-turbo cannot read (PNG, CMYK, damaged bytes) is decoded by MXNet's own
+decoder instead; one no decoder reads raises the dataset's own error, naming the record.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from mxnet.base import MXNetError
+
+from .._engine.ipc import alloc as _alloc
+from . import _codecs
+from .pipeline import ImagePipeline, _ShapeMismatch
+
+_scratch = threading.local()
+
+
+class Pending:
+    """One image of a fused sample: its bytes and drawn parameters, decoded in batchify."""
+
+    __slots__ = ("source", "index", "data", "size", "params", "floor", "pixels")
+
+    def __init__(self, source, index, data, size, params, floor, pixels=None) -> None:
+        self.source, self.index, self.data = source, index, data
+        self.size, self.params, self.floor, self.pixels = size, params, floor, pixels
+
+    def shape(self, pipeline: ImagePipeline) -> Tuple[int, int, int]:
+        """The HWC shape of the rendered image."""
+        return pipeline.output_shape(self.size[0], self.size[1], self.params)
+
+    def render(self, pipeline: ImagePipeline, out: np.ndarray) -> None:
+        """Decode if not yet decoded, and write the image after the pipeline's steps into
+        ``out`` (uint8 HWC)."""
+        pixels, params, size = self.pixels, self.params, self.size
+        if pixels is None:
+            try:
+                pixels = pipeline.decode(self.data, size, self.floor)
+            except ValueError:
+                # libjpeg-turbo refused bytes whose header it read: MXNet's decoder may
+                # still take them, as the exact path would.
+                pixels = _decode_or_fail(self.source, self.index, self.data, pipeline.flag)
+                if pixels.shape[:2] != size:
+                    size = pixels.shape[:2]
+                    params, _ = pipeline.draw(*size)
+        pipeline.render(pixels, params, size, out)
+
+    def __repr__(self) -> str:
+        return f"<pending image {self.index} of {self.size[1]}x{self.size[0]}>"
+
+
+def _decode_or_fail(source, index: int, data: Any, flag: int) -> np.ndarray:
+    try:
+        return _codecs.decode_exact(data, flag)
+    except MXNetError:
+        source.fail(index, data)
+        raise
+
+
+class FusedDataset:
+    """The samples of ``source`` with the image replaced by a ``Pending`` image."""
+
+    def __init__(self, source: Any, pipeline: ImagePipeline) -> None:
+        self.source = source
+        self.pipeline = pipeline
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, idx: int) -> Any:
+        data, rest = self.source.read(idx)
+        pipeline = self.pipeline
+        size = _codecs.jpeg_size(data)
+        pixels = None
+        if size is None:  # not a JPEG libjpeg-turbo reads to RGB: MXNet decodes it here
+            pixels = _decode_or_fail(self.source, idx, data, pipeline.flag)
+            size = pixels.shape[:2]
+        params, floor = pipeline.draw(*size)
+        image = Pending(self.source, idx, data, size, params, floor, pixels)
+        return image if rest is None else (image,) + rest
+
+    def __repr__(self) -> str:
+        return f"FusedDataset({self.source.kind}, {self.pipeline!r})"
+
+
+def _buffer(shape: Tuple[int, ...]) -> np.ndarray:
+    """A per-thread uint8 buffer of at least ``shape``, reused from batch to batch."""
+    buf = getattr(_scratch, "buf", None)
+    size = int(np.prod(shape))
+    if buf is None or buf.size < size:
+        buf = _scratch.buf = np.empty(size, np.uint8)
+    return buf[:size].reshape(shape)
+
+
+def _mismatch(position: int, shape, first) -> ValueError:
+    return ValueError(
+        f"cannot stack image {position} of shape {tuple(shape)} with image 0 of shape "
+        f"{tuple(first)}: the pipeline's last step gives images of different sizes; end it "
+        f"with a crop or a Resize to one (width, height)"
+    )
+
+
+class FusedBatchify:
+    """Batchify for ``FusedDataset`` samples: the images into one batch array, the rest of
+    each sample's fields through ``rest_batchify`` (the loader's default)."""
+
+    def __init__(self, pipeline: ImagePipeline, rest_batchify: Callable) -> None:
+        self.pipeline = pipeline
+        self.rest_batchify = rest_batchify
+
+    def __call__(self, samples: Sequence[Any]) -> Any:
+        if isinstance(samples[0], Pending):
+            return self.images(samples)
+        images = self.images([sample[0] for sample in samples])
+        rest = self.rest_batchify([tuple(sample[1:]) for sample in samples])
+        return [images, *rest]
+
+    def images(self, images: List[Pending]) -> Any:
+        pipeline = self.pipeline
+        n, (height, width, channels) = len(images), images[0].shape(pipeline)
+        shape = (n, height, width, channels)
+        hwc = pipeline.output == "hwc"
+        pixels = _alloc.empty(shape, np.uint8) if hwc else _buffer(shape)
+        for i, image in enumerate(images):
+            try:
+                image.render(pipeline, pixels[i])
+            except _ShapeMismatch as exc:
+                raise _mismatch(i, exc.shape, shape[1:]) from None
+        if hwc:
+            return _alloc.to_output(pixels)
+        if pipeline.output == "uint8":
+            out = _alloc.empty((n, channels, height, width), np.uint8)
+            _planes(pixels, out, None)
+        else:
+            out = _alloc.empty((n, channels, height, width), pipeline.dtype)
+            _planes(pixels, out, pipeline.lut)
+        return _alloc.to_output(out)
+
+
+def _planes(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> None:
+    """NHWC uint8 ``pixels`` into NCHW ``out``, through ``lut[c]`` per channel if given.
+
+    One channel at a time, each a contiguous plane: OpenCV extracts the plane and maps it
+    through the table (measured fastest of numpy's take, arithmetic and per-pixel tables:
+    docs/design.md, "Image decoding").
+    """
+    cv2 = _codecs.modules()[1]
+    n, height, width, channels = pixels.shape
+    plane = _buffer_plane(height, width)
+    direct = out.dtype == np.float32 or lut is None
+    staged = None if direct else np.empty((height, width), np.float32)
+    tables = None if lut is None else [lut[c].reshape(1, 256) for c in range(channels)]
+    for i in range(n):
+        for c in range(channels):
+            if lut is None:
+                target = out[i, c]
+                if channels == 1:
+                    target[...] = pixels[i, :, :, 0]
+                else:
+                    cv2.extractChannel(pixels[i], c, dst=target)
+                continue
+            if channels == 1:
+                source = pixels[i, :, :, 0]
+            else:
+                source = cv2.extractChannel(pixels[i], c, dst=plane)
+            target = out[i, c] if direct else staged
+            cv2.LUT(source, tables[c], dst=target)
+            if not direct:
+                np.copyto(out[i, c], staged, casting="unsafe")
+
+
+def _buffer_plane(height: int, width: int) -> np.ndarray:
+    plane = getattr(_scratch, "plane", None)
+    if plane is None or plane.shape != (height, width):
+        plane = _scratch.plane = np.empty((height, width), np.uint8)
+    return plane

@@ -1,0 +1,163 @@
+"""Encoded images from each kind of image dataset, without decoding them.
+
+The one module that reads the attributes of Gluon's image datasets (``filename``,
+``idx_file``, ``items``, ``_flag``, ``_imglist``...), so a change in Gluon touches only this
+file. Each source gives, for an index, the encoded bytes and the rest of the sample as the
+dataset would have returned it, and ``fail`` raises the error the dataset itself raises for
+an image that does not decode (the exact path's error, naming the record).
+
+Gluon's record datasets read through one file handle that threads and forked processes
+would share; their source reads the same ``.rec`` through shardloader's ``RecordDataset``
+instead, which every thread and process reads safely, and keeps no Gluon handle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import mxnet as mx
+import numpy as np
+
+from ..recordio import ImageRecordDataset, RecordDataset
+from . import _codecs
+
+Rest = Optional[Tuple[Any, ...]]
+
+
+class _Source:
+    """What the fused dataset reads: ``len``, ``read(idx) -> (bytes, rest)``, ``fail``."""
+
+    flag = 1
+    kind = "source"
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def read(self, idx: int) -> Tuple[Any, Rest]:
+        raise NotImplementedError
+
+    def fail(self, idx: int, data: Any) -> None:
+        """Raise the exact path's error for sample ``idx`` whose bytes ``data`` no decoder
+        took; a dataset that does not raise still gets a clear error."""
+        _codecs.decode_exact(data, self.flag)
+        raise ValueError(f"{self.kind}: sample {idx} is not a decodable image")
+
+
+class _ShardRecords(_Source):
+    """shardloader's ``ImageRecordDataset``: its file checks and its errors."""
+
+    kind = "ImageRecordDataset"
+
+    def __init__(self, dataset: ImageRecordDataset, flag: int) -> None:
+        self.dataset, self.flag = dataset, flag
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def read(self, idx: int) -> Tuple[Any, Rest]:
+        record = RecordDataset.__getitem__(self.dataset, idx)  # verified, not decoded
+        try:
+            header, payload = mx.recordio.unpack(record)
+        except Exception:  # noqa: BLE001 - the dataset raises its own, record-naming error
+            self.dataset[idx]
+            raise
+        label = np.array(header.label, np.float32) if header.flag > 0 else np.float32(header.label)
+        return payload, (label,)
+
+    def fail(self, idx: int, data: Any) -> None:
+        self.dataset[idx]  # raises RecordIOError naming the file, record, key and offset
+        raise ValueError(f"{self.kind}: record {idx} is not a decodable image")
+
+
+class _GluonRecords(_Source):
+    """Gluon's ``vision.ImageRecordDataset``, read through shardloader's reader."""
+
+    kind = "gluon ImageRecordDataset"
+
+    def __init__(self, dataset: Any, flag: int) -> None:
+        self.records = RecordDataset(dataset.filename, dataset.idx_file)
+        self.flag = flag
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def read(self, idx: int) -> Tuple[Any, Rest]:
+        header, payload = mx.recordio.unpack(self.records[idx])
+        return payload, (header.label,)
+
+
+class _Files(_Source):
+    """Gluon's ``ImageFolderDataset`` and ``ImageListDataset``: one file per image."""
+
+    def __init__(self, paths: list, labels: list, flag: int, kind: str) -> None:
+        self.paths, self.labels, self.flag, self.kind = paths, labels, flag, kind
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def read(self, idx: int) -> Tuple[Any, Rest]:
+        with open(self.paths[idx], "rb") as f:
+            return f.read(), (self.labels[idx],)
+
+    def fail(self, idx: int, data: Any) -> None:
+        _codecs.decode_exact(data, self.flag)
+        raise ValueError(f"{self.kind}: {self.paths[idx]} is not a decodable image")
+
+
+class Encoded(_Source):
+    """A dataset of encoded images: each sample is the bytes, or a tuple whose first item
+    is the bytes (``bytes``, ``bytearray``, ``memoryview`` or a 1-D uint8 array)."""
+
+    kind = "encoded images"
+
+    def __init__(self, dataset: Any, flag: int = 1) -> None:
+        self.dataset, self.flag = dataset, flag
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def read(self, idx: int) -> Tuple[Any, Rest]:
+        sample = self.dataset[idx]
+        if isinstance(sample, tuple):
+            return _as_bytes(sample[0], idx), tuple(sample[1:])
+        return _as_bytes(sample, idx), None
+
+
+def _as_bytes(value: Any, idx: int) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
+        return value.tobytes()
+    raise TypeError(
+        f"sample {idx}: expected encoded image bytes (bytes, bytearray, memoryview or a 1-D "
+        f"uint8 array), got {type(value).__name__}"
+    )
+
+
+def source_of(dataset: Any) -> Tuple[Optional[_Source], str]:
+    """The source for an image dataset Gluon's transforms would see decoded, or ``None``
+    and why it is not one."""
+    from mxnet.gluon.data import vision
+
+    name = type(dataset).__name__
+    if isinstance(dataset, ImageRecordDataset):
+        if getattr(dataset, "_transform", None) is not None:
+            return None, f"the {name} has a transform= of its own"
+        return _ShardRecords(dataset, dataset._flag), ""
+    if type(dataset) is vision.ImageRecordDataset:
+        if dataset._transform is not None:
+            return None, f"the {name} has a transform= of its own"
+        return _GluonRecords(dataset, dataset._flag), ""
+    if type(dataset) is vision.ImageFolderDataset:
+        if dataset._transform is not None:
+            return None, f"the {name} has a transform= of its own"
+        paths = [path for path, _ in dataset.items]
+        labels = [label for _, label in dataset.items]
+        return _Files(paths, labels, dataset._flag, name), ""
+    image_list = getattr(vision, "ImageListDataset", None)  # MXNet 2.x only
+    if image_list is not None and type(dataset) is image_list:
+        keys = dataset._imgkeys
+        paths = [dataset._imglist[key][1] for key in keys]
+        labels = [dataset._imglist[key][0] for key in keys]
+        return _Files(paths, labels, dataset._flag, name), ""
+    return None, f"the dataset ({name}) is not an image dataset shardloader can read encoded"
