@@ -17,6 +17,9 @@ DLPack import with a kept handle   ``MXNDArrayFromDLPackEx``   ``MXNDArrayFromDL
 Gluon DataLoader's 14th argument   ``auto_reload``             ``try_nopython``
 the default device                 ``current_context()``       ``current_device()`` (the
                                                                other warns: deprecated)
+the dtypes an array holds          bool, uint8, int8, int32,   also int16, uint16, uint32,
+                                   int64, float16/32/64        uint64 (asked of MXNet:
+                                                               ``ARRAY_DTYPES``)
 =================================  ==========================  ===========================
 
 This module sits below everything else: it imports MXNet and nothing of ours.
@@ -27,15 +30,17 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, FrozenSet, Tuple
 
 import mxnet as mx
+import numpy as np
 
 __all__ = [
     "MX_VERSION",
     "MX2",
     "DEVICE_ARG",
     "DeviceType",
+    "ARRAY_DTYPES",
     "is_device",
     "device_of",
     "to_device",
@@ -55,6 +60,30 @@ if MX2:
     from mxnet.device import Device as DeviceType
 else:
     from mxnet.context import Context as DeviceType
+
+
+def _array_dtypes() -> FrozenSet[np.dtype]:
+    """The numpy dtypes this MXNet's arrays hold, read from MXNet's own table of them (the
+    one ``mx.nd.array`` converts through). bfloat16, which numpy lacks, is left out."""
+    from mxnet.ndarray import ndarray as legacy
+
+    table = getattr(legacy, "_DTYPE_NP_TO_MX", {})
+    found = set()
+    for key in table:
+        if key is None:
+            continue
+        dtype = np.dtype(key)
+        if dtype.kind in "biuf" and dtype.names is None:
+            found.add(dtype)
+    if not found:  # an MXNet that keeps its table elsewhere: what every version holds
+        names = ("bool", "uint8", "int8", "int32", "int64", "float16", "float32", "float64")
+        found = {np.dtype(name) for name in names}
+    return frozenset(found)
+
+
+ARRAY_DTYPES: FrozenSet[np.dtype] = _array_dtypes()
+"""The dtypes an MXNet array can hold here: bool, uint8, int8, int32, int64 and float16, 32
+and 64 in 1.x; 2.x adds int16, uint16, uint32 and uint64."""
 
 
 def is_device(value: Any) -> bool:

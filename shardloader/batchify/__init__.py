@@ -25,8 +25,9 @@ will read it. (Importing this package, as any part of shardloader, imports MXNet
 read through MXNet only when it is an MXNet array.)
 
 Samples may be ``mx.nd.NDArray``, numpy arrays, numpy scalars, Python numbers, or nested
-tuples, lists and dicts of those. The output dtypes are the ones an MXNet ``NDArray`` can hold:
-bool, uint8, int8, int32, int64, float16, float32 and float64.
+tuples, lists and dicts of those. The output dtypes are the ones the installed MXNet's arrays
+hold: bool, uint8, int8, int32, int64, float16, float32 and float64, and under MXNet 2.x also
+int16, uint16, uint32 and uint64 (``shardloader._compat.ARRAY_DTYPES`` asks MXNet).
 """
 
 from __future__ import annotations

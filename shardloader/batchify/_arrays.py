@@ -7,15 +7,15 @@ import typing
 
 import numpy as np
 
+from .._compat import ARRAY_DTYPES
 from .._engine.ipc import alloc as _alloc
 from .._engine.ipc.lease import host_view as _host_view
 
-# The dtypes an mx.nd.NDArray can hold (bfloat16 left out: numpy has no such dtype).
-_MX_DTYPES = frozenset(
-    np.dtype(name)
-    for name in ("bool", "uint8", "int8", "int32", "int64", "float16", "float32", "float64")
+# The dtypes the installed MXNet's arrays hold (2.x holds four more integer types than 1.x).
+_MX_DTYPES = ARRAY_DTYPES
+_MX_DTYPE_NAMES = ", ".join(
+    d.name for d in sorted(_MX_DTYPES, key=lambda d: ("buif".index(d.kind), d.itemsize))
 )
-_MX_DTYPE_NAMES = "bool, uint8, int8, int32, int64, float16, float32, float64"
 
 # numpy dtype kinds that are not numbers: object, bytes, str, void, datetime, timedelta.
 _NON_NUMERIC_KINDS = frozenset("OSUVMm")
@@ -90,8 +90,8 @@ def _output_dtype(dtype: np.dtype) -> np.dtype:
     if native in _MX_DTYPES:
         return native
     raise TypeError(
-        f"cannot batchify samples of dtype {dtype}: MXNet NDArrays hold only {_MX_DTYPE_NAMES}; "
-        "convert the samples, or use batchify.Stack(dtype=...)"
+        f"cannot batchify samples of dtype {dtype}: this MXNet's arrays hold only "
+        f"{_MX_DTYPE_NAMES}; convert the samples, or use batchify.Stack(dtype=...)"
     )
 
 

@@ -64,8 +64,8 @@ def _check_dtype(owner: str, dtype) -> typing.Optional[np.dtype]:
         ) from None
     if resolved not in _MX_DTYPES:
         raise ValueError(
-            f"{owner}: dtype must be None or one of {_MX_DTYPE_NAMES} (the dtypes MXNet "
-            f"NDArrays hold), got {dtype!r}"
+            f"{owner}: dtype must be None or one of {_MX_DTYPE_NAMES} (the dtypes this "
+            f"MXNet's arrays hold), got {dtype!r}"
         )
     return resolved
 
