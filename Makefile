@@ -1,10 +1,20 @@
 # Two commands do all the set-up: `make demo` and `make test`.
-# Each creates or reuses .venv and installs the pinned dependencies itself.
+# Each creates or reuses .venv and installs the pinned dependencies itself, each with its own
+# stamp: `make demo` only what the demo needs (the `vision` extra), `make test` the `test`
+# extra (gluoncv, gluon-nlp, ...), `make bench` the `bench` extra.
+#   make test-smoke  a few end-to-end checks of the default MXNet 1.9.1 setup
+#                    (tests/test_smoke.py): under a minute once the venv is built
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -qq
-STAMP  := $(VENV)/.stamp-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+# pip's own log (a line per package, and a progress bar for each download): the first
+# `make demo` shows what it is doing instead of sitting silent.
+PIP_LOG := $(BIN)/python -m pip --disable-pip-version-check
+SUM    := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.stamp-$(SUM)
+DEMO_STAMP  := $(VENV)/.demo-stamp-$(SUM)
+BENCH_STAMP := $(VENV)/.bench-stamp-$(SUM)
 SRC    := $(wildcard shardloader tests benchmarks examples)
 
 # MXNet 2.0 (2.0.0b1) beside the default 1.9.1: its own venv, pinned by constraints-mx2.txt
@@ -26,21 +36,41 @@ PIP2   := $(BIN2)/python -m pip --disable-pip-version-check -qq
 STAMP2 := $(VENV2)/.stamp-$(shell cat pyproject.toml constraints-mx2.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
-.PHONY: test demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
+.PHONY: test test-smoke demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	@echo "Installing shardloader and the test suite's dependencies into $(VENV) (MXNet 1.9.1,"
+	@echo "gluoncv, gluon-nlp, which compiles, OpenCV, scipy, pandas, ...: about 1 GB, 2-4 minutes"
+	@echo "the first time)."
 	$(PIP) install -c constraints.txt -e '.[test]'
 	rm -f $(VENV)/.stamp-* && touch $@
+
+# The demo needs shardloader, MXNet and the `vision` extra, nothing of the test suite's; a
+# venv that already has the test extra has all of it.
+$(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	@if [ -e $(STAMP) ]; then \
+		echo "$(VENV) already has the test extra, which includes what the demo needs"; \
+	else \
+		echo "Installing shardloader and what the demo needs into $(VENV): MXNet 1.9.1, numpy,"; \
+		echo "tqdm, simplejpeg and OpenCV (headless), about 300 MB; roughly 30 s the first"; \
+		echo "time, longer on a slow network."; \
+		$(PIP_LOG) install --progress-bar on -c constraints.txt -e '.[vision]' || exit 1; \
+	fi
+	rm -f $(VENV)/.demo-stamp-* && touch $@
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
 
+# The whole suite: about 8-12 minutes on 2 cores.
 test: lint
 	$(BIN)/python -m pytest -q
+
+test-smoke: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/test_smoke.py $(ARGS)
 
 $(BIN2)/python:
 	$(PYTHON) -m venv $(VENV2)
@@ -55,14 +85,18 @@ test-mx2: $(STAMP2)
 test-mx2-smoke: $(STAMP2)
 	$(BIN2)/python -m pytest -q -p no:cacheprovider -m mx2_smoke $(ARGS)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m shardloader demo
 
 # The benchmarks (docs/benchmarks.md), ~10 minutes: ARGS=--publish rewrites the docs' tables,
 # ARGS="--quick --workloads W5" a smoke run. bench-mx2 runs them under MXNet 2.0.0b1, against
 # its own DataLoader, with and without try_nopython=True; its table is a section of its own.
-bench: $(STAMP)
-	$(PIP) install -c constraints.txt -e '.[bench]'
+$(BENCH_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	@echo "Installing shardloader and the benchmarks' dependencies into $(VENV)"
+	$(PIP) install -c constraints.txt -e '.[bench,vision]'
+	rm -f $(VENV)/.bench-stamp-* && touch $@
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.run $(ARGS)
 
 bench-mx2: $(STAMP2)
