@@ -14,7 +14,7 @@ import pytest
 
 import shardloader
 from shardloader.recordio import ImageRecordDataset
-from shardloader.tools import bench, bench_data, bench_report, bench_timing, cli
+from shardloader.tools import bench, bench_conditions, bench_data, bench_report, cli
 from shardloader.tools.demo_data import CLASSES, generate_shapes, prepare
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leaks")]
@@ -55,7 +55,7 @@ def assert_clean(proc: subprocess.CompletedProcess) -> str:
                     "--stop-after-batches", "--cache-dir"]),
         (["bench"], ["--dataset", "--recordio", "--raw", "--no-transform", "--crop-size",
                      "--batch-size", "--workers", "--batches", "--epochs", "--thread-pool",
-                     "--step-ms", "--repeat", "--plot", "--progress", "--no-progress"]),
+                     "--step-ms", "--rounds", "--plot", "--progress", "--no-progress"]),
     ],
 )  # fmt: skip
 def test_help_lists_every_option(tmp_path, command, expected):
@@ -98,6 +98,7 @@ def test_help_does_not_import_the_subcommands(tmp_path):
         (["bench", "--dataset", "no_such_module_xyz:make"], "cannot import module"),
         (["bench", "--dataset", "no-colon-here"], "must look like"),
         (["bench", "--dataset", f"{FACTORY}:missing"], "has no attribute 'missing'"),
+        (["bench", "--dataset", f"{FACTORY}:mak"], "did you mean 'make'? its callables: make"),
         (["bench", "--dataset", "json:dumps"], "called without arguments"),
         (["bench", "--dataset", FACTORY + ":make", "--raw"], "--raw goes with --recordio"),
         (["bench", "--dataset", FACTORY + ":make", "--workers", "1,x"], "comma-separated"),
@@ -126,24 +127,44 @@ def test_resolve_factory_accepts_a_module_path(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ bench
-def test_bench_prints_a_table_and_a_recommendation(tmp_path):
+# A row of the table: workers, loader, median samples/s, then its range over the rounds.
+ROW = re.compile(r"^\s+(\d+)\s+(shardloader|gluon)\s+([\d,]+)\s+([\d,]+)-([\d,]+)\s", re.MULTILINE)
+VERDICT = re.compile(
+    r"^(Recommendation: num_workers=[01]|Too noisy to decide|No setting meets)", re.MULTILINE
+)
+
+
+def _number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_bench_prints_medians_spreads_conditions_and_a_verdict(tmp_path):
     plot = tmp_path / "bench.png"
     proc = shardloader_cli(
         "bench", "--dataset", f"{FACTORY}:make", "--workers", "0,1", "--batches", "5",
-        "--batch-size", "16", "--plot", str(plot), cwd=tmp_path,
+        "--batch-size", "16", "--rounds", "2", "--plot", str(plot), cwd=tmp_path,
     )  # fmt: skip
     output = assert_clean(proc)
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.lstrip().startswith("workers"))
-    for column in ("loader", "samples/s", "data stall", "first batch", "peak RSS", "vs gluon"):
+    for column in ("loader", "samples/s", "(min-max)", "data stall", "first batch", "peak RSS",
+                   "vs gluon (min-max)"):  # fmt: skip
         assert column in header
-    rows = [line.split() for line in lines if re.match(r"\s+\d+\s+(shardloader|gluon)\s", line)]
+    rows = ROW.findall(proc.stdout)
     assert sorted((row[0], row[1]) for row in rows) == [
         ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),
     ]  # fmt: skip
+    for _, _, median, low, high in rows:
+        assert _number(low) <= _number(median) <= _number(high)
+    assert "2 rounds, each run in a fresh process" in proc.stdout
+    assert re.search(
+        r"^Conditions: \d+ cores?, load average [\d.]+ at the start and [\d.]+ at the end; "
+        r"other processes used [\d.]+ s of CPU",
+        proc.stdout,
+        re.MULTILINE,
+    ), proc.stdout
+    assert VERDICT.search(proc.stdout), proc.stdout
     assert "peak RSS by psutil" in output
-    assert re.search(r"^Recommendation: num_workers=[01]", proc.stdout, re.MULTILINE)
-    assert "within 5% of the best throughput" in proc.stdout
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
@@ -162,18 +183,18 @@ def small_rec(tmp_path_factory):
 def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
     proc = shardloader_cli(
         "bench", "--recordio", str(small_rec), "--workers", "0,1", "--batches", "3",
-        "--batch-size", "8", "--crop-size", "32", "--progress", cwd=tmp_path,
+        "--batch-size", "8", "--crop-size", "32", "--rounds", "1", "--progress", cwd=tmp_path,
     )  # fmt: skip
     assert_clean(proc)
     assert "RandomResizedCrop(32), RandomFlipLeftRight, ToTensor, Normalize" in proc.stdout
     assert "shuffled" in proc.stdout
-    rows = [line.split() for line in proc.stdout.splitlines()]
-    rows = [r for r in rows if len(r) > 2 and r[1] in ("shardloader", "gluon")]
-    assert sorted((r[0], r[1]) for r in rows) == [
+    assert sorted((r[0], r[1]) for r in ROW.findall(proc.stdout)) == [
         ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),
     ]  # fmt: skip
-    assert re.search(r"^Recommendation: num_workers=[01]", proc.stdout, re.MULTILINE)
-    assert "bench:" in proc.stderr and "/12 " in proc.stderr  # 3 batches x 2 x 2 runs
+    assert "One round: the spread is unknown" in proc.stdout
+    assert VERDICT.search(proc.stdout), proc.stdout
+    # (5 warm-up + 3 timed batches) x 2 worker counts x 2 loaders x 1 round
+    assert "bench:" in proc.stderr and "/32 " in proc.stderr
 
 
 def test_bench_recordio_explains_a_missing_or_broken_index(tmp_path, small_rec, capsys):
@@ -192,58 +213,243 @@ def test_bench_recordio_explains_a_missing_or_broken_index(tmp_path, small_rec, 
     assert "cannot read record 0" in err and "MXNetError: MXNetError" not in err
 
 
+def test_a_misspelled_factory_lists_the_callables_of_the_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    with pytest.raises(bench_data.BenchError) as info:
+        bench_data.resolve_factory("bench_factory:mkae")
+    message = str(info.value)
+    # Its own callables, not the ArrayDataset it imports.
+    assert message.endswith("has no attribute 'mkae'; did you mean 'make'? its callables: make")
+
+
+# ------------------------------------------------------------------------------ bench runs
+def test_each_run_is_a_process_of_its_own():
+    from shardloader.tools.bench_timing import run_isolated
+
+    def report_pid(progress):
+        for _ in range(7):
+            progress(1)
+        return {"pid": os.getpid()}
+
+    seen = []
+    assert run_isolated(report_pid, seen.append)["pid"] != os.getpid()
+    assert sum(seen) == 7  # the run's progress reaches this process's bar
+
+    def fail(progress):
+        raise KeyError("boom")
+
+    assert run_isolated(fail) == {"error": "KeyError: 'boom'"}
+
+    def refuse(progress):
+        raise bench_data.BenchError("nothing left to time")
+
+    with pytest.raises(bench_data.BenchError, match="nothing left to time"):
+        run_isolated(refuse)
+    assert run_isolated(lambda progress: os._exit(3)) == {
+        "error": "the measuring process died (exit code 3)"
+    }
+
+
+def test_warm_up_batches_are_read_but_not_timed():
+    from shardloader.tools.bench_timing import measure
+
+    reads = []
+
+    class Loader:
+        """Two epochs of 4 batches of 2 samples."""
+
+        def __iter__(self):
+            for k in range(4):
+                reads.append(k)
+                yield np.zeros((2, 3), np.float32)
+
+    result = measure(Loader, batches=5, epochs=None, warmup=3)
+    assert len(reads) == 8  # 3 warm-up + 5 timed batches, across two epochs
+    assert result["batches"] == 5 and result["samples"] == 10
+    reads.clear()
+    result = measure(Loader, batches=None, epochs=2, warmup=3)
+    assert len(reads) == 8 and result["batches"] == 5
+    with pytest.raises(bench_data.BenchError, match="nothing left to time after the 9"):
+        measure(Loader, batches=None, epochs=2, warmup=9)
+
+
+@pytest.mark.parametrize(
+    "cores, expected",
+    [
+        (1, [0, 1]),
+        (2, [0, 1, 2]),
+        (4, [0, 1, 2, 4]),
+        (6, [0, 1, 2, 4, 6]),
+        (16, [0, 1, 2, 4, 8, 16]),
+    ],
+)
+def test_the_default_worker_counts_fit_the_machine(cores, expected):
+    assert bench_conditions.default_workers(cores) == expected
+
+
+def test_worker_counts_beyond_the_cores_are_run_as_asked_with_a_note(capsys):
+    import argparse
+
+    cores = bench_conditions.usable_cores()
+    args = argparse.Namespace(workers=None)
+    bench._workers(args)
+    assert args.workers == bench_conditions.default_workers(cores)
+    assert max(args.workers) == cores
+    assert capsys.readouterr().out == ""
+    args = argparse.Namespace(workers=[0, cores + 2])
+    bench._workers(args)
+    assert args.workers == [0, cores + 2]
+    assert f"note: num_workers={cores + 2} on {cores} core" in capsys.readouterr().out
+
+
+def test_conditions_count_the_cpu_time_of_other_processes():
+    """A process that this command did not reap is another program: its CPU time counts as
+    the machine's load, not as the runs' own."""
+    import subprocess as sp
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
+    with bench_conditions.Conditions() as conditions:
+        proc = sp.Popen([sys.executable, "-c", burn])
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # finished, not reaped
+    proc.wait()
+    assert conditions.other_cpu_s >= 0.4
+    assert conditions.cores == bench_conditions.usable_cores()
+    line = conditions.describe()
+    assert line.startswith(f"Conditions: {conditions.cores} core")
+    assert f"other processes used {conditions.other_cpu_s:.1f} s of CPU" in line
+
+
+# ------------------------------------------------------------------------------ bench report
+def _run(rate, stall=1.0, batch_bytes=1 << 20):
+    return {"samples_per_s": float(rate), "stall": stall, "first_batch_s": 0.1,
+            "peak_rss_mb": 10.0, "batch_bytes": float(batch_bytes)}  # fmt: skip
+
+
+def test_rows_give_medians_ranges_and_paired_ratios():
+    runs = {
+        (2, "gluon"): [_run(50), _run(100), _run(70)],
+        (2, "shardloader"): [_run(100), _run(110), _run(105)],
+    }
+    (ours, theirs) = bench_report.summarize(runs)
+    assert ours["loader"] == "shardloader" and theirs["loader"] == "gluon"
+    assert (ours["samples_per_s"], ours["rate_min"], ours["rate_max"]) == (105, 100, 110)
+    # Round by round: 100/50, 110/100, 105/70; not the ratio of the medians (105/70).
+    assert (ours["ratio"], ours["ratio_min"], ours["ratio_max"]) == (1.5, 1.1, 2.0)
+    assert "ratio" not in theirs
+    table = bench_report.format_table([ours, theirs])
+    assert table[2].split() == ["2", "shardloader", "105", "100-110", "100.0%", "100.0",
+                                "ms", "10", "MB", "1.50x", "(1.10-2.00)"]  # fmt: skip
+
+
 def test_failed_rows_are_reported_not_recommended():
-    rows = [
-        {"loader": "shardloader", "workers": 0, "samples_per_s": 100.0, "stall": 1.0,
-         "first_batch_s": 0.1, "peak_rss_mb": 10.0, "batch_bytes": 1 << 20},
-        {"loader": "gluon", "workers": 0, "samples_per_s": 90.0, "stall": 1.0,
-         "first_batch_s": 0.1, "peak_rss_mb": 10.0, "batch_bytes": 1 << 20},
-        {"loader": "shardloader", "workers": 2, "error": "MXNetError: Decoding failed"},
-        {"loader": "gluon", "workers": 2, "error": "MXNetError: Decoding failed (1 of 3 runs)"},
-    ]  # fmt: skip
+    runs = {
+        (0, "shardloader"): [_run(100)],
+        (0, "gluon"): [_run(90)],
+        (2, "shardloader"): [{"error": "MXNetError: Decoding failed"}],
+        (2, "gluon"): [_run(90), {"error": "MXNetError: Decoding failed"}],
+    }
+    rows = bench_report.summarize(runs)
+    assert rows[3] == {"loader": "gluon", "workers": 2,
+                       "error": "MXNetError: Decoding failed (1 of 2 runs)"}  # fmt: skip
     table = bench_report.format_table(rows)
     assert any(line.split()[:3] == ["2", "gluon", "failed:"] for line in table)
     assert any("1.11x" in line for line in table)
-    assert bench_report.recommend(rows, step_ms=0)[0] == 0
-    runs = [{"samples_per_s": 1.0, "peak_rss_mb": 1.0}, {"error": "boom"}]
-    assert bench_timing.median_run(runs) == {"error": "boom (1 of 2 runs)"}
+    assert bench_report.recommend(rows, step_ms=0).workers == 0
 
 
 def test_recommendation_rule():
-    def row(loader, workers, rate, stall=1.0):
-        return {
-            "loader": loader,
-            "workers": workers,
-            "samples_per_s": rate,
-            "stall": stall,
-            "batch_bytes": 64 << 20,
-        }
+    def rows(rates, batch_bytes=64 << 20):
+        runs = {(w, "shardloader"): [_run(r, batch_bytes=batch_bytes)] * 3 for w, r in rates}
+        runs[(4, "gluon")] = [_run(1000)] * 3  # only shardloader's rows count
+        return bench_report.summarize(runs)
 
-    rows = [row("shardloader", 0, 100), row("shardloader", 2, 390), row("shardloader", 4, 400)]
-    rows.append(row("gluon", 4, 1000))  # only shardloader's rows count
-    workers, prefetch, why = bench_report.recommend(rows, step_ms=0)
-    assert workers == 2  # within 5% of the best (4 workers)
-    assert prefetch == 4  # 2 x workers; 4 batches of 64 MiB fit the 256 MiB budget
-    rows[1]["batch_bytes"] = 100 << 20
-    assert bench_report.recommend(rows, step_ms=0)[1] == 2  # capped by the memory budget
-    assert len(why) == 2
+    advice = bench_report.recommend(rows([(0, 100), (2, 390), (4, 400)]), step_ms=0)
+    assert advice.workers == 2  # within 5% of the best (4 workers)
+    assert advice.prefetch == 4  # 2 x workers; 4 batches of 64 MiB fit the 256 MiB budget
+    assert advice.met_target and len(advice.why) == 2
+    capped = bench_report.recommend(rows([(0, 100), (2, 390)], 100 << 20), step_ms=0)
+    assert capped.prefetch == 2  # capped by the memory budget
 
 
-def test_engine_thread_hint_for_thread_workers_and_inline_loading(monkeypatch, capsys):
-    """MXNet operators in thread workers (or inline) share MXNET_CPU_WORKER_NTHREADS engine
-    threads, one by default: the report says so, unless the variable is set."""
+def test_too_noisy_to_decide():
+    runs = {
+        (0, "shardloader"): [_run(100), _run(101), _run(99)],
+        (2, "shardloader"): [_run(150), _run(400), _run(390)],
+    }
+    advice = bench_report.recommend(bench_report.summarize(runs), step_ms=0)
+    assert advice.workers is None
+    assert advice.why[0].startswith("The rounds of num_workers=2 ranged from 150 to 400")
+    # One round has no spread to judge by.
+    one = {key: results[:1] for key, results in runs.items()}
+    assert bench_report.recommend(bench_report.summarize(one), step_ms=0).workers == 2
+
+
+def test_the_step_target_met_or_missed():
+    def runs(stalls):
+        return bench_report.summarize(
+            {(w, "shardloader"): [_run(100 * (w + 1), stall=s)] * 2 for w, s in stalls}
+        )
+
+    met = bench_report.recommend(runs([(0, 0.9), (1, 0.04), (2, 0.01)]), step_ms=20)
+    assert met.workers == 1 and met.met_target
+    assert "the fewest workers that keep the data stall at or under 5%" in met.why[0]
+    missed = bench_report.recommend(runs([(0, 0.9), (1, 0.5), (2, 0.3)]), step_ms=20)
+    assert missed.workers == 2 and not missed.met_target
+    assert missed.why[0].startswith(
+        "Target missed: no num_workers tried keeps the data stall at or under 5% with a 20 ms "
+        "step; the lowest was 30%, with num_workers=2."
+    )
+
+
+def _report(rows, mxnet_ops=False, thread_pool=False, step_ms=0.0, busy=False):
     import argparse
 
-    row = {"loader": "shardloader", "samples_per_s": 100.0, "stall": 1.0, "batch_bytes": 1 << 20}
-    rows = [{**row, "workers": 2, "first_batch_s": 0.1, "peak_rss_mb": 10.0}]
+    conditions = bench_conditions.Conditions()
+    conditions.cores, conditions.wall_s = 2, 10.0
+    conditions.other_cpu_s = 15.0 if busy else 0.5
+    args = argparse.Namespace(step_ms=step_ms, thread_pool=thread_pool, rounds=3)
+    bench._report(rows, conditions, args, mxnet_ops)
+
+
+def test_the_report_says_plainly_when_no_setting_meets_the_target(capsys):
+    rows = bench_report.summarize({(w, "shardloader"): [_run(100, stall=0.4)] * 3 for w in (0, 2)})
+    _report(rows, step_ms=20, busy=True)
+    out = capsys.readouterr().out
+    assert "\nNo setting meets the target. Closest: num_workers=0\n" in out
+    assert "Recommendation" not in out
+    assert "other processes used 15.0 s of CPU during the 10 s run (1.50 of 2 cores)" in out
+    assert "Other programs kept the machine busy" in out
+
+
+def test_engine_thread_hint_only_for_mxnet_samples(monkeypatch, capsys):
+    """MXNet operators in thread workers (or inline) share MXNET_CPU_WORKER_NTHREADS engine
+    threads, one by default: the report says so when the samples are MXNet arrays and the
+    variable is not set; a numpy dataset gets no such hint."""
+    rows = bench_report.summarize({(2, "shardloader"): [_run(100)] * 3})
     hint = "MXNET_CPU_WORKER_NTHREADS=2"
     monkeypatch.delenv("MXNET_CPU_WORKER_NTHREADS", raising=False)
-    for thread_pool, shown in ((True, True), (False, False)):
-        bench._report(rows, argparse.Namespace(step_ms=0, thread_pool=thread_pool))
+    for mxnet_ops, thread_pool, shown in [
+        (True, True, True), (True, False, False), (False, True, False),
+    ]:  # fmt: skip
+        _report(rows, mxnet_ops=mxnet_ops, thread_pool=thread_pool)
         assert (hint in capsys.readouterr().out) is shown
     monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "2")
-    bench._report(rows, argparse.Namespace(step_ms=0, thread_pool=True))
+    _report(rows, mxnet_ops=True, thread_pool=True)
     assert "MXNET_CPU_WORKER_NTHREADS" not in capsys.readouterr().out
+
+
+def test_mxnet_samples_are_told_from_numpy_ones():
+    import argparse
+
+    import mxnet as mx
+    from mxnet.gluon.data import ArrayDataset
+
+    args = argparse.Namespace(recordio=None, raw=False)
+    features = np.zeros((4, 3), np.float32)
+    assert not bench_data.uses_mxnet(ArrayDataset(features, np.arange(4)), args)
+    assert bench_data.uses_mxnet(ArrayDataset(mx.nd.array(features), np.arange(4)), args)
+    pipeline = argparse.Namespace(recordio="x.rec", raw=False)
+    assert bench_data.uses_mxnet(None, pipeline)
 
 
 # ------------------------------------------------------------------------------ demo data

@@ -1,12 +1,15 @@
 """``shardloader bench``: time a user's dataset under ShardedDataLoader and Gluon's DataLoader.
 
-For every ``num_workers`` value both loaders run the same configuration, one after the other
-(``--repeat`` rounds of that, keeping the run with the median throughput), and the command
-prints one table row per configuration, then recommends ``num_workers`` and ``prefetch``.
-What each column means:
+The command measures as the repository's benchmarks do (``benchmarks/harness.py``): every
+run in a fresh process, warm-up batches untimed, and ``--rounds`` alternating rounds, each
+running both loaders back to back for every ``num_workers`` value. It prints one row per
+configuration with the median over the rounds and the range, the conditions it measured
+in, then recommends ``num_workers`` and ``prefetch``, or says why it cannot. What each
+column means:
 
-samples/s
-    Samples after the first batch, over the time after the first batch: the steady rate.
+samples/s, (min-max)
+    Samples over the time after the warm-up batches: the steady rate; the median over the
+    rounds, and the slowest and fastest round.
 data stall
     The share of that time the loop spent in ``next()`` and waiting for the batch to be
     readable (``wait_to_read`` on every NDArray). The loop only sleeps ``--step-ms`` per
@@ -15,14 +18,16 @@ first batch
     From the loader's constructor to the first readable batch: worker start-up included
     (Gluon starts its workers in the constructor, shardloader at the first ``iter()``).
 peak RSS
-    With psutil, the largest sum of RSS over this process and its descendants, sampled every
-    20 ms during the run (pages shared between processes count once per process). Without
-    psutil, ``resource.getrusage``: the largest RSS this process ever had plus the largest
-    of its finished children, since start-up, so it never goes down between rows.
+    With psutil, the largest sum of RSS over the run's process and its workers, sampled
+    every 20 ms (pages shared between processes count once per process); the highest of
+    the rounds. Without psutil, ``resource.getrusage`` of the run's process.
+vs gluon (min-max)
+    shardloader's samples/s over Gluon's, round by round (the two ran back to back, under
+    the same load): the median ratio and its range.
 
 The dataset comes from :mod:`.bench_data`, the runs are timed by :mod:`.bench_timing` with
-the kernels of :mod:`.measure`, and :mod:`.bench_report` makes the table, the
-recommendation and the plot.
+the kernels of :mod:`.measure`, the conditions come from :mod:`.bench_conditions`, and
+:mod:`.bench_report` makes the table, the recommendation and the plot.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-from typing import Dict, List
+from typing import Any, Dict, List
 
-from .bench_data import BenchError, load_dataset, shuffled
-from .bench_report import format_table, plot, recommend
+from .bench_conditions import Conditions, default_workers, usable_cores
+from .bench_data import BenchError, load_dataset, shuffled, uses_mxnet
+from .bench_report import format_table, plot, recommend, summarize
 from .bench_timing import factories, measure_all, planned_batches
 
 __all__ = ["BenchError", "run"]
@@ -41,29 +47,61 @@ __all__ = ["BenchError", "run"]
 _DEFAULT_BATCHES = 100
 
 
-def _report(rows: List[Dict], args: argparse.Namespace) -> None:
+def _report(rows: List[Dict], conditions: Conditions, args: argparse.Namespace, mxnet_ops: bool):
     print()
     print("\n".join(format_table(rows)))
     print()
+    print(conditions.describe())
+    if conditions.busy:
+        print(
+            "  Other programs kept the machine busy: every number above is about them too. "
+            "The paired ratios (vs gluon) suffer least."
+        )
+    if args.rounds == 1:
+        print("  One round: the spread is unknown (--rounds 3 or more to see it).")
     if not args.step_ms:
         print(
-            "data stall: share of the time after the first batch spent waiting for data; the "
-            "loop does nothing else (no --step-ms), so ~100% is expected."
+            "data stall: share of the time after the warm-up spent waiting for data; the loop "
+            "does nothing else (no --step-ms), so ~100% is expected."
         )
-    workers, prefetch, why = recommend(rows, args.step_ms)
-    if workers == 0:
+    advice = recommend(rows, args.step_ms)
+    if advice.workers is None:
+        print("Too noisy to decide: no recommendation.")
+    elif not advice.met_target:
+        print(
+            f"No setting meets the target. Closest: num_workers={advice.workers}"
+            + (f", prefetch={advice.prefetch}" if advice.workers else "")
+        )
+    elif advice.workers == 0:
         print("Recommendation: num_workers=0 (prefetch does not apply)")
     else:
-        print(f"Recommendation: num_workers={workers}, prefetch={prefetch}")
-    for line in why:
+        print(f"Recommendation: num_workers={advice.workers}, prefetch={advice.prefetch}")
+    for line in advice.why:
         print(f"  {line}")
+    workers = advice.workers or 0
     engine_threads = os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")
-    if (args.thread_pool or workers == 0) and engine_threads == "1":
+    if mxnet_ops and (args.thread_pool or workers == 0) and engine_threads == "1":
         print(
-            "  MXNet operators in your samples (image decoding, Gluon transforms) share one "
-            "MXNet engine thread in this process unless MXNET_CPU_WORKER_NTHREADS is set "
-            "before MXNet is imported: try MXNET_CPU_WORKER_NTHREADS="
-            f"{max(2, workers)} (docs/quickstart.md, 'Workers: processes or threads')."
+            "  Your samples are MXNet arrays (MXNet operators, such as image decoding and Gluon "
+            "transforms, make them): with thread workers or none, they share one MXNet engine "
+            "thread in this process unless MXNET_CPU_WORKER_NTHREADS is set before MXNet is "
+            f"imported: try MXNET_CPU_WORKER_NTHREADS={max(2, workers)} (docs/quickstart.md, "
+            "'Workers: processes or threads')."
+        )
+
+
+def _workers(args: argparse.Namespace) -> None:
+    """Fill in the default worker counts for this machine, or note counts beyond it."""
+    cores = usable_cores()
+    if args.workers is None:
+        args.workers = default_workers(cores)
+        return
+    beyond = [w for w in args.workers if w > cores]
+    if beyond:
+        print(
+            f"note: num_workers={','.join(map(str, beyond))} on {cores} core"
+            f"{'s' if cores != 1 else ''}, as asked: the workers and the training loop will "
+            "share the cores"
         )
 
 
@@ -85,21 +123,28 @@ def run(args: argparse.Namespace) -> int:
             "--plot needs matplotlib, which is not installed: pip install matplotlib "
             "(or pip install 'shardloader[bench]')"
         )
+    _workers(args)
     dataset, described, batchify_fn = load_dataset(args)
     batches = None if args.epochs else (args.batches or _DEFAULT_BATCHES)
     amount = f"{args.epochs} epoch(s)" if args.epochs else f"{batches} batches"
     pool = "threads" if args.thread_pool else "processes"
     step = ", shuffled" if shuffled(args) else ""
     step += f", {args.step_ms:g} ms simulated step" if args.step_ms else ""
-    if args.repeat > 1:
-        step += f", the median of {args.repeat} runs per row"
     print(
         f"shardloader bench: {described}, {len(dataset):,} samples, batch size "
-        f"{args.batch_size}, {amount} per run, workers are {pool}{step}"
+        f"{args.batch_size}, {amount} timed per run after a warm-up, workers are {pool}"
+        f"{step}; num_workers {','.join(map(str, args.workers))}, {args.rounds} round"
+        f"{'s' if args.rounds != 1 else ''}, each run in a fresh process"
     )
     total = planned_batches(len(dataset), args, batches)
-    rows = measure_all(factories(dataset, batchify_fn, args), args, batches, total)
-    _report(rows, args)
+    measured: Dict[str, Any] = measure_all(
+        factories(dataset, batchify_fn, args), args, batches, total
+    )
+    rows = summarize(measured["runs"])
+    ours = [r for r in rows if r["loader"] == "shardloader"]
+    if all("error" in r for r in ours):
+        raise BenchError(f"shardloader failed on this dataset: {ours[0]['error']}")
+    _report(rows, measured["conditions"], args, uses_mxnet(dataset, args))
     if args.plot:
         plot(rows, args.plot, f"{described}, batch {args.batch_size}")
         print(f"plot saved to {args.plot}")

@@ -6,6 +6,7 @@ line, as a :class:`BenchError`, and not inside a worker.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -20,6 +21,7 @@ __all__ = [
     "image_pipeline",
     "load_dataset",
     "shuffled",
+    "uses_mxnet",
 ]
 
 
@@ -75,9 +77,33 @@ def resolve_factory(spec: str) -> Any:
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise BenchError(f"--dataset: {target!r} has no attribute {attr!r}")
+            choices = _choices(obj, part)
+            raise BenchError(f"--dataset: {target!r} has no attribute {attr!r}{choices}")
         obj = getattr(obj, part)
     return obj
+
+
+def _choices(obj: Any, wrong: str) -> str:
+    """``; did you mean 'make'? Its callables: make, make_big`` for a module or class that
+    has no attribute ``wrong``: those it defines itself, else every public one."""
+    public = {
+        name: value
+        for name, value in vars(obj).items()
+        if not name.startswith("_") and callable(value)
+    }
+    home = getattr(obj, "__name__", None)
+    own = [n for n, v in public.items() if getattr(v, "__module__", home) == home]
+    names = sorted(own or public)
+    if not names:
+        return f"; {_kind(obj)} has no public callables"
+    close = difflib.get_close_matches(wrong, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+    return f"{hint}{';' if not hint else ''} its callables: {shown}"
+
+
+def _kind(obj: Any) -> str:
+    return "the module" if inspect.ismodule(obj) else f"{type(obj).__name__} {obj!r}"
 
 
 def _load_file(path: str) -> Any:
@@ -200,6 +226,21 @@ def _check_no_arguments(factory: Callable, spec: str) -> None:
         ) from None
     except ValueError:  # no signature (some builtins): just try the call
         pass
+
+
+def uses_mxnet(dataset: Any, args: argparse.Namespace) -> bool:
+    """Whether the samples are MXNet arrays (made by MXNet operators, which share MXNet's
+    engine threads): the ``--recordio`` image pipeline, or a dataset whose sample 0 holds
+    an NDArray. A dataset that uses MXNet inside but returns numpy is not seen."""
+    if args.recordio:
+        return not args.raw
+    from .._engine.nest import leaves
+
+    try:
+        sample = dataset[0]
+    except Exception:  # noqa: BLE001 - the runs report the dataset's own errors
+        return False
+    return any(type(leaf).__module__.startswith("mxnet") for leaf in leaves(sample))
 
 
 def shuffled(args: argparse.Namespace) -> bool:

@@ -1,10 +1,17 @@
-"""What ``shardloader bench`` prints: the table, the recommendation and the plot."""
+"""What ``shardloader bench`` prints: the table of medians and spreads, the verdict and the
+plot.
+
+:func:`summarize` turns the runs of every round into one row per configuration;
+:func:`recommend` chooses ``num_workers`` and ``prefetch`` from shardloader's rows, or says
+why it cannot (the rounds disagree too much, or no setting meets ``--step-ms``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+import statistics
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-__all__ = ["LOADERS", "recommend", "format_table", "plot"]
+__all__ = ["LOADERS", "Advice", "summarize", "recommend", "format_table", "plot"]
 
 LOADERS = ("shardloader", "gluon")
 _MB = 1024.0 * 1024.0
@@ -14,28 +21,111 @@ _WITHIN_BEST = 0.05
 _ACCEPTABLE_STALL = 0.05
 # Prefetched batches may hold at most this much memory.
 _PREFETCH_BUDGET_BYTES = 256 * 1024 * 1024
+# Rounds of one configuration that differ by more than this share of their median (max -
+# min) are too noisy to choose between worker counts 5% apart.
+_NOISY_SPREAD = 0.25
 
 
-def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Tuple[int, int, List[str]]:
+class Advice(NamedTuple):
+    """The recommendation: ``workers`` is None when the rounds were too noisy to decide."""
+
+    workers: Optional[int]
+    prefetch: int
+    why: List[str]
+    met_target: bool = True
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def summarize(runs: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """One row per ``(workers, loader)``: the medians over the rounds, the range of the
+    throughput (``rate_min``, ``rate_max``), the highest peak RSS, and for shardloader the
+    median and range of its per-round ratio to Gluon (``ratio``, ``ratio_min``,
+    ``ratio_max``). A configuration that failed in any round gives a row with ``error``."""
+    rows = []
+    for (workers, name), results in runs.items():
+        failed = [r for r in results if "error" in r]
+        if failed:
+            note = f" ({len(failed)} of {len(results)} runs)" if len(results) > 1 else ""
+            rows.append({"loader": name, "workers": workers, "error": failed[0]["error"] + note})
+            continue
+        rates = [r["samples_per_s"] for r in results]
+        row = {
+            "loader": name,
+            "workers": workers,
+            "rounds": len(results),
+            "samples_per_s": _median(rates),
+            "rate_min": min(rates),
+            "rate_max": max(rates),
+            "stall": _median([r["stall"] for r in results]),
+            "first_batch_s": _median([r["first_batch_s"] for r in results]),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+            "batch_bytes": _median([r["batch_bytes"] for r in results]),
+        }
+        theirs = runs.get((workers, "gluon"), [])
+        if name == "shardloader" and theirs and not any("error" in r for r in theirs):
+            # Paired by round: both ran back to back, under the same load.
+            ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(results, theirs)]
+            row.update(ratio=_median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["workers"], LOADERS.index(r["loader"])))
+    return rows
+
+
+def spread(row: Dict[str, Any]) -> float:
+    """How far a row's rounds were apart: (max - min) / median of its throughput."""
+    return (row["rate_max"] - row["rate_min"]) / row["samples_per_s"]
+
+
+def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Advice:
     """Choose ``num_workers`` and ``prefetch`` from shardloader's rows (those that did not
-    fail), and say why.
+    fail), and say why; or say that the rounds were too noisy to choose.
 
     Returns
     -------
-    (int, int, list of str)
-        The worker count, the prefetch (0 when ``num_workers`` is 0; it does not apply) and
-        one line of explanation for each.
+    Advice
+        The worker count (None: too noisy to decide), the prefetch (0 when ``num_workers``
+        is 0; it does not apply), one line of explanation for each, and whether a setting
+        met the ``--step-ms`` stall target (always True without one).
     """
     ours = [r for r in rows if r["loader"] == "shardloader" and "error" not in r]
     best = max(ours, key=lambda r: r["samples_per_s"])
-    why = []
-    calm = [r for r in ours if r["stall"] is not None and r["stall"] <= _ACCEPTABLE_STALL]
-    if step_ms > 0 and calm:
-        pick = min(calm, key=lambda r: r["workers"])
-        why.append(
-            f"num_workers: the fewest workers that keep the data stall at or under "
-            f"{_ACCEPTABLE_STALL:.0%} with a {step_ms:g} ms step."
+    noisy = [r for r in ours if r.get("rounds", 1) > 1 and spread(r) > _NOISY_SPREAD]
+    if noisy:
+        worst = max(noisy, key=spread)
+        return Advice(
+            None,
+            0,
+            [
+                f"The rounds of num_workers={worst['workers']} ranged from "
+                f"{worst['rate_min']:,.0f} to {worst['rate_max']:,.0f} samples/s, "
+                f"{spread(worst):.0%} of their median; worker counts "
+                f"{_WITHIN_BEST:.0%} apart cannot be told apart. Run again on a quieter "
+                "machine, or with more --rounds or --batches."
+            ],
         )
+    why = []
+    met = True
+    if step_ms > 0:
+        calm = [r for r in ours if r["stall"] <= _ACCEPTABLE_STALL]
+        if calm:
+            pick = min(calm, key=lambda r: r["workers"])
+            why.append(
+                f"num_workers: the fewest workers that keep the data stall at or under "
+                f"{_ACCEPTABLE_STALL:.0%} with a {step_ms:g} ms step."
+            )
+        else:
+            met = False
+            pick = min(ours, key=lambda r: (r["stall"], r["workers"]))
+            why.append(
+                f"Target missed: no num_workers tried keeps the data stall at or under "
+                f"{_ACCEPTABLE_STALL:.0%} with a {step_ms:g} ms step; the lowest was "
+                f"{pick['stall']:.0%}, with num_workers={pick['workers']}. Loading is the "
+                f"bottleneck: try more workers if you have idle cores (--workers), or make "
+                f"__getitem__ cheaper."
+            )
     else:
         pick = min(
             (r for r in ours if r["samples_per_s"] >= (1 - _WITHIN_BEST) * best["samples_per_s"]),
@@ -49,7 +139,7 @@ def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Tuple[int, int, Lis
     workers = pick["workers"]
     if workers == 0:
         why.append("prefetch: not used with num_workers=0 (batches load in the training loop).")
-        return workers, 0, why
+        return Advice(workers, 0, why, met)
     cap = max(1, int(_PREFETCH_BUDGET_BYTES // max(pick["batch_bytes"], 1.0)))
     prefetch = max(1, min(2 * workers, cap))
     why.append(
@@ -57,7 +147,7 @@ def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Tuple[int, int, Lis
         f"absorbs slow batches), capped so prefetched batches hold at most "
         f"{_PREFETCH_BUDGET_BYTES / _MB:.0f} MiB (a batch is {_fmt_bytes(pick['batch_bytes'])})."
     )
-    return workers, prefetch, why
+    return Advice(workers, prefetch, why, met)
 
 
 def _fmt_bytes(size: float) -> str:
@@ -68,31 +158,36 @@ def _fmt_time(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def _fmt_range(low: float, high: float, fmt: str) -> str:
+    return f"{format(low, fmt)}-{format(high, fmt)}"
+
+
 def format_table(rows: List[Dict[str, Any]]) -> List[str]:
-    """The result rows as aligned text, with shardloader's speed-up over Gluon."""
+    """The rows as aligned text: medians over the rounds, with the range of the throughput
+    and of shardloader's paired ratio to Gluon."""
     header = (
-        f"{'workers':>7}  {'loader':<12}{'samples/s':>12}{'data stall':>12}"
-        f"{'first batch':>13}{'peak RSS':>11}{'vs gluon':>10}"
+        f"{'workers':>7}  {'loader':<12}{'samples/s':>10}{'(min-max)':>16}{'data stall':>12}"
+        f"{'first batch':>13}{'peak RSS':>10}  {'vs gluon (min-max)'}"
     )
-    lines = [header, "-" * len(header)]
-    gluon = {r["workers"]: r for r in rows if r["loader"] == "gluon" and "error" not in r}
+    lines = [header, "-" * (len(header) + 4)]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['workers']:>7}  {r['loader']:<12}  failed: {r['error']}")
             continue
-        stall = "-" if r["stall"] is None else f"{r['stall']:.1%}"
         ratio = ""
-        if r["loader"] == "shardloader" and r["workers"] in gluon:
-            ratio = f"{r['samples_per_s'] / gluon[r['workers']]['samples_per_s']:.2f}x"
+        if "ratio" in r:
+            ratio = f"{r['ratio']:.2f}x ({_fmt_range(r['ratio_min'], r['ratio_max'], '.2f')})"
         lines.append(
-            f"{r['workers']:>7}  {r['loader']:<12}{r['samples_per_s']:>12,.0f}{stall:>12}"
-            f"{_fmt_time(r['first_batch_s']):>13}{r['peak_rss_mb']:>8.0f} MB{ratio:>10}"
+            f"{r['workers']:>7}  {r['loader']:<12}{r['samples_per_s']:>10,.0f}"
+            f"{_fmt_range(r['rate_min'], r['rate_max'], ',.0f'):>16}{r['stall']:>12.1%}"
+            f"{_fmt_time(r['first_batch_s']):>13}{r['peak_rss_mb']:>7.0f} MB  {ratio}".rstrip()
         )
     return lines
 
 
 def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
-    """Save samples/s against num_workers for both loaders as a PNG."""
+    """Save samples/s against num_workers for both loaders as a PNG, the medians with the
+    range of the rounds as error bars."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
@@ -104,10 +199,15 @@ def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
             (r for r in rows if r["loader"] == name and "error" not in r),
             key=lambda r: r["workers"],
         )
-        ax.plot([r["workers"] for r in mine], [r["samples_per_s"] for r in mine], "o-", label=name)
+        x = [r["workers"] for r in mine]
+        y = [r["samples_per_s"] for r in mine]
+        err = [[r["samples_per_s"] - r["rate_min"] for r in mine]]
+        err.append([r["rate_max"] - r["samples_per_s"] for r in mine])
+        label = "shardloader" if name == "shardloader" else "Gluon DataLoader"
+        ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=label)
     ax.set_xticks(sorted({r["workers"] for r in rows}))
     ax.set_xlabel("num_workers")
-    ax.set_ylabel("samples/s")
+    ax.set_ylabel("samples/s (median, min-max of the rounds)")
     ax.set_title(title, fontsize=9)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)

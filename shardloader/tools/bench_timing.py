@@ -1,6 +1,17 @@
-"""How ``shardloader bench`` times the two loaders: :func:`measure` reads one loader, and
-:func:`measure_all` runs every ``(num_workers, loader)`` configuration ``--repeat`` times.
+"""How ``shardloader bench`` times the two loaders, the way the repository's benchmarks do
+(``benchmarks/harness.py``):
 
+- **A fresh process per run.** Every run is forked from the command's process, which has
+  loaded the dataset and imported MXNet but never run a loader with workers, so no run
+  inherits another's pools, threads, shared memory or allocator state.
+- **Warm-up first.** The first batches of a run (worker start-up, the first touch of every
+  buffer, the prefetch queue filling) are read untimed; only the batches after them are timed.
+- **Paired, alternating rounds.** A round runs every ``(num_workers, loader)`` configuration
+  once, the two loaders of a worker count back to back, their order alternating between
+  counts and between rounds, so that a burst of load elsewhere hits both loaders of a pair.
+  :mod:`.bench_report` takes the medians and the paired ratios.
+
+:func:`measure` reads one loader (in the run's process); :func:`measure_all` runs the rounds.
 What each measured column means is told in :mod:`shardloader.tools.bench`.
 """
 
@@ -9,24 +20,52 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import mmap
+import multiprocessing
+import struct
 import time
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .bench_conditions import Conditions
 from .bench_data import BenchError, one_line, shuffled
 from .bench_report import LOADERS
 from .measure import PeakMemory, count_samples, touch
 
-__all__ = ["peak_memory", "measure", "factories", "measure_all", "median_run", "planned_batches"]
+__all__ = [
+    "peak_memory",
+    "measure",
+    "warmup_batches",
+    "factories",
+    "run_isolated",
+    "warm_up",
+    "measure_all",
+    "planned_batches",
+]
 
 _RSS_INTERVAL_S = 0.02
-_WARMUP_BATCHES = 3
+# Listing a process's descendants reads every process of the machine in /proc (~5 ms with a
+# hundred processes, far more on a desktop); at every 20 ms sample that took a fifth of a
+# core from the loaders on a 2-core machine.
+_CHILDREN_REFRESH_S = 0.1
+_POLL_S = 0.1
 
 
 def peak_memory() -> PeakMemory:
     """Peak RSS as the command measures it: psutil every 20 ms, no PSS (reading it is slow),
-    the workers listed at every sample; ``resource.getrusage`` without psutil."""
-    return PeakMemory(_RSS_INTERVAL_S, pss_every=None, children_refresh_s=0.0, rusage_fallback=True)
+    the workers listed again every 100 ms; ``resource.getrusage`` without psutil."""
+    return PeakMemory(
+        _RSS_INTERVAL_S,
+        pss_every=None,
+        children_refresh_s=_CHILDREN_REFRESH_S,
+        rusage_fallback=True,
+    )
+
+
+def warmup_batches(workers: int) -> int:
+    """Untimed batches at the start of a run: enough for every worker to have started and
+    delivered, and for the prefetch queue (2 batches a worker by default) to fill twice."""
+    return max(5, 4 * workers)
 
 
 def _close(loader: Any) -> None:
@@ -40,37 +79,40 @@ def measure(
     batches: Optional[int],
     epochs: Optional[int],
     step_s: float = 0.0,
+    warmup: int = 0,
     memory: Optional[PeakMemory] = None,
     progress: Optional[Callable[[int], Any]] = None,
 ) -> Dict[str, Any]:
-    """Build a loader with ``make`` and read ``batches`` batches (or ``epochs`` epochs).
+    """Build a loader with ``make``, read ``warmup`` batches untimed, then time ``batches``
+    batches (across as many epochs as that takes), or else the rest of ``epochs`` epochs.
 
     Parameters
     ----------
     make : callable
         Returns a fresh loader.
     batches, epochs : int or None
-        How much to read: ``batches`` batches across as many epochs as that takes, or else
-        ``epochs`` whole epochs.
+        How much to time.
     step_s : float
         Seconds to sleep after each batch, standing in for a training step.
+    warmup : int
+        Batches read first and not timed (at least the first batch always is).
     memory : PeakMemory, optional
         Tracks the peak memory of the run (default: a new :func:`peak_memory`).
     progress : callable, optional
-        Called with 1 after every batch (a progress bar's ``update``).
+        Called with 1 after every batch.
 
     Returns
     -------
     dict
-        ``samples_per_s``, ``stall``, ``first_batch_s``, ``peak_rss_mb``, ``batches``,
-        ``samples`` and ``batch_bytes`` (the mean bytes of a batch).
+        ``samples_per_s``, ``stall``, ``first_batch_s``, ``peak_rss_mb``, ``batches``
+        (timed), ``samples`` (timed) and ``batch_bytes`` (the mean bytes of a batch).
     """
     memory = memory or peak_memory()
     with memory:
         start = time.perf_counter()
         loader = make()
         try:
-            counts = _read(loader, batches, epochs, step_s, start, progress)
+            counts = _read(loader, batches, epochs, step_s, start, max(1, warmup), progress)
         finally:
             _close(loader)
             del loader
@@ -79,42 +121,47 @@ def measure(
     return counts
 
 
-def _read(loader, batches, epochs, step_s, start, progress=None) -> Dict[str, Any]:
-    first_at = None
-    waited = steady = 0.0
-    count = samples = steady_samples = nbytes = 0
+def _read(loader, batches, epochs, step_s, start, warmup, progress=None) -> Dict[str, Any]:
+    first_at = timed_from = None
+    waited = 0.0
+    count = timed = samples = nbytes = 0
     for _ in range(epochs) if epochs else itertools.count():
         before = count
-        for batch in _timed(loader):
-            data, t_asked = batch
+        for data, asked in _timed(loader):
             nbytes += touch(data)
             now = time.perf_counter()
             size = count_samples(data)
+            del data
+            count += 1
             if first_at is None:
                 first_at = now
-            else:
-                waited += now - t_asked
-                steady_samples += size
-            count, samples = count + 1, samples + size
-            del data, batch
+            if count == warmup:
+                timed_from = now  # the clock starts when the last warm-up batch is ready
+            elif count > warmup:
+                waited += now - asked
+                timed, samples = timed + 1, samples + size
             if progress is not None:
                 progress(1)
-            if batches is not None and count >= batches:
+            if batches is not None and timed >= batches:
                 break
             if step_s:
                 time.sleep(step_s)
-        if count == before or (batches is not None and count >= batches):
+        if count == before or (batches is not None and timed >= batches):
             break
     end = time.perf_counter()
     if first_at is None:
         raise BenchError("the loader yielded no batch: is the dataset empty?")
-    steady = end - first_at
-    rate = steady_samples / steady if steady_samples else samples / (end - start)
+    if not timed:
+        raise BenchError(
+            f"nothing left to time after the {warmup} warm-up batches: ask for more batches "
+            f"or epochs, or use a larger dataset"
+        )
+    steady = end - timed_from
     return {
-        "samples_per_s": rate,
-        "stall": min(1.0, waited / steady) if steady_samples else None,
+        "samples_per_s": samples / steady,
+        "stall": min(1.0, waited / steady),
         "first_batch_s": first_at - start,
-        "batches": count,
+        "batches": timed,
         "samples": samples,
         "batch_bytes": nbytes / count,
     }
@@ -150,38 +197,82 @@ def factories(dataset, batchify_fn, args) -> Dict[str, Callable[[int], Any]]:
     }
 
 
-def _measure_one(makers, name: str, workers: int, args, batches, memory, progress=None) -> Dict:
-    """One run; a loader that fails on the dataset gives a row with ``error`` (Gluon's record
-    datasets, for one, may fail under thread workers), any other problem raises."""
+# ------------------------------------------------------------------------------ isolation
+def _child(task: Callable[[Callable[[int], Any]], Dict], counter: Any, conn: Any) -> None:
+    """The run's process: do ``task`` and send back its result, or what went wrong."""
+
+    def progress(n: int) -> None:
+        struct.pack_into("q", counter, 0, struct.unpack_from("q", counter)[0] + n)
+
     try:
-        return measure(
-            partial(makers[name], workers),
-            batches,
-            args.epochs,
-            args.step_ms / 1e3,
-            memory,
-            progress,
-        )
-    except BenchError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - reported in the table
-        return {"error": one_line(exc)[:200]}
+        result = task(progress)
+    except BenchError as exc:
+        result = {"bench_error": str(exc)}
+    except KeyboardInterrupt:
+        result = {"error": "interrupted"}
+    except BaseException as exc:  # noqa: BLE001 - a loader's failure is reported in the table
+        result = {"error": one_line(exc)[:200]}
+    try:
+        conn.send(result)
+    finally:
+        conn.close()
 
 
-def median_run(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The run with the median throughput, with the highest peak RSS of all runs; a failure
-    if any run failed."""
-    failed = [r for r in runs if "error" in r]
-    if failed:
-        note = f" ({len(failed)} of {len(runs)} runs)" if len(runs) > 1 else ""
-        return {"error": failed[0]["error"] + note}
-    ranked = sorted(runs, key=lambda r: r["samples_per_s"])
-    return {**ranked[len(ranked) // 2], "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
+def run_isolated(
+    task: Callable[[Callable[[int], Any]], Dict], progress: Optional[Callable[[int], Any]] = None
+) -> Dict[str, Any]:
+    """Run ``task(progress)`` in a process forked from this one and return its result dict
+    (one with ``error`` when the task raised or its process died). A ``BenchError`` in the
+    task is raised here."""
+    ctx = multiprocessing.get_context("fork")
+    # Batches read so far, written by the run's process only: an anonymous shared mapping,
+    # which (unlike multiprocessing.Value's heap) holds no file open afterwards.
+    counter = mmap.mmap(-1, 8)
+    recv, send = ctx.Pipe(duplex=False)
+    # Not a daemon: daemonic processes may not start the loaders' workers.
+    proc = ctx.Process(target=_child, args=(task, counter, send), name="shardloader-bench-run")
+    proc.start()
+    send.close()
+    shown = 0
+    try:
+        while not recv.poll(_POLL_S):
+            shown = _forward(counter, shown, progress)
+            if not proc.is_alive() and not recv.poll(_POLL_S):
+                break
+        result = recv.recv() if recv.poll() else None
+    except EOFError:
+        result = None
+    finally:
+        recv.close()
+        proc.join(None if result is not None else 5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        exitcode = proc.exitcode
+        proc.close()
+    _forward(counter, shown, progress)
+    counter.close()
+    if result is None:
+        return {"error": f"the measuring process died (exit code {exitcode})"}
+    if "bench_error" in result:
+        raise BenchError(result["bench_error"])
+    return result
+
+
+def _forward(counter: Any, shown: int, progress: Optional[Callable[[int], Any]]) -> int:
+    now = struct.unpack_from("q", counter)[0]
+    if progress is not None and now > shown:
+        progress(now - shown)
+    return now
+
+
+def _run_task(make, batches, epochs, step_s, warmup, progress) -> Dict[str, Any]:
+    return measure(make, batches, epochs, step_s, warmup, progress=progress)
 
 
 def _progress_bar(total: Optional[int], enabled: Optional[bool]) -> Any:
-    """A tqdm bar over every measured batch, on stderr. ``enabled=None``: only on a
-    terminal, and only once the run has lasted a second (short runs never show one)."""
+    """A tqdm bar over every batch read, on stderr. ``enabled=None``: only on a terminal,
+    and only once the command has run for a second (short runs never show one)."""
     from tqdm import tqdm
 
     return tqdm(
@@ -196,46 +287,57 @@ def _progress_bar(total: Optional[int], enabled: Optional[bool]) -> Any:
 
 
 def planned_batches(dataset_len: int, args: argparse.Namespace, batches) -> Optional[int]:
-    """The batches of the whole command: every run of every configuration."""
-    if batches is not None:
-        per_run = batches
-    else:
-        per_run = args.epochs * max(1, -(-dataset_len // args.batch_size))
-    return per_run * len(args.workers) * len(LOADERS) * args.repeat
+    """The batches the whole command reads: every run of every round, warm-up included."""
+    per_epoch = max(1, -(-dataset_len // args.batch_size))
+    total = 0
+    for workers in args.workers:
+        warmup = warmup_batches(workers)
+        per_run = warmup + batches if batches is not None else max(warmup, args.epochs * per_epoch)
+        total += per_run
+    return total * len(LOADERS) * args.rounds
 
 
-def _warm_up(makers: Dict[str, Callable[[int], Any]]) -> None:
-    """Untimed: fills the page cache and runs one-time imports before the first timed row."""
-    for name, make in makers.items():
-        try:
-            measure(partial(make, 0), _WARMUP_BATCHES, None)
-        except Exception as exc:
-            if name == "shardloader":
-                raise BenchError(f"shardloader failed on this dataset: {one_line(exc)}") from exc
-            # Gluon's own failure shows in its rows.
+def _order(index: int, round_: int) -> Tuple[str, ...]:
+    """Which loader of a pair goes first: alternating between worker counts and rounds."""
+    return LOADERS if (index + round_) % 2 == 0 else LOADERS[::-1]
 
 
-def measure_all(makers, args: argparse.Namespace, batches: Optional[int], total=None) -> List:
-    """One row per (workers, loader): the two loaders interleaved, ``--repeat`` rounds."""
+def measure_all(makers, args: argparse.Namespace, batches: Optional[int], total=None) -> Dict:
+    """Every ``(workers, loader)`` run of ``args.rounds`` rounds, each in a fresh process.
+
+    Returns
+    -------
+    dict
+        ``runs``: ``{(workers, loader): [result of each round]}``; ``conditions``: the
+        :class:`~.bench_conditions.Conditions` the runs were made in.
+    """
     memory = peak_memory()
     print(f"peak RSS by {memory.method}", flush=True)
-    _warm_up(makers)
+    warm_up(makers)
     runs: Dict[Tuple[int, str], List[Dict[str, Any]]] = {}
-    with _progress_bar(total, getattr(args, "progress", None)) as bar:
-        for _ in range(args.repeat):
+    conditions = Conditions()
+    with conditions, _progress_bar(total, getattr(args, "progress", None)) as bar:
+        for round_ in range(args.rounds):
             for i, workers in enumerate(args.workers):
-                # Alternate which loader goes first, so neither always inherits a warmer
-                # machine.
-                for name in LOADERS if i % 2 == 0 else LOADERS[::-1]:
+                for name in _order(i, round_):
                     bar.set_postfix_str(f"{name}, num_workers={workers}", refresh=False)
-                    result = _measure_one(makers, name, workers, args, batches, memory, bar.update)
-                    runs.setdefault((workers, name), []).append(result)
-    rows = [
-        {"loader": name, "workers": workers, **median_run(results)}
-        for (workers, name), results in runs.items()
-    ]
-    rows.sort(key=lambda r: (r["workers"], LOADERS.index(r["loader"])))
-    ours = [r for r in rows if r["loader"] == "shardloader"]
-    if all("error" in r for r in ours):
-        raise BenchError(f"shardloader failed on this dataset: {ours[0]['error']}")
-    return rows
+                    task = partial(
+                        _run_task,
+                        partial(makers[name], workers),
+                        batches,
+                        args.epochs,
+                        args.step_ms / 1e3,
+                        warmup_batches(workers),
+                    )
+                    runs.setdefault((workers, name), []).append(run_isolated(task, bar.update))
+    return {"runs": runs, "conditions": conditions}
+
+
+def warm_up(makers: Dict[str, Callable[[int], Any]]) -> None:
+    """Untimed, each loader in a process of its own: fills the page cache before the first
+    timed run, and stops the command at once if shardloader fails on the dataset."""
+    for name, make in makers.items():
+        result = run_isolated(partial(_run_task, partial(make, 0), 1, None, 0.0, 2))
+        if "error" in result and name == "shardloader":
+            raise BenchError(f"shardloader failed on this dataset: {result['error']}")
+        # Gluon's own failure shows in its rows.

@@ -68,7 +68,10 @@ _BENCH = dict(
     description=(
         "Measure ShardedDataLoader and mxnet.gluon.data.DataLoader side by side on your\n"
         "dataset for each worker count: samples/s, data stall, first-batch latency and\n"
-        "peak RSS. Then recommend num_workers and prefetch."
+        "peak RSS. Every run is a fresh process that reads some warm-up batches before the\n"
+        "timed ones; --rounds rounds alternate the two loaders, and the table gives the\n"
+        "median and the range of the rounds, and the machine's load meanwhile. Then it\n"
+        "recommends num_workers and prefetch, or says the rounds were too noisy to decide."
     ),
     epilog=(
         "examples:\n"
@@ -76,6 +79,9 @@ _BENCH = dict(
         "  shardloader bench --dataset ./data.py:build --workers 0,2,4 --plot bench.png\n"
         "  shardloader bench --recordio train.rec --batch-size 64 --workers 0,1,2,4\n"
         "  shardloader bench --recordio train.rec --no-transform --epochs 1\n"
+        "  shardloader bench --dataset ./data.py:build --step-ms 50 --rounds 5\n"
+        "\n"
+        "docs/cli.md explains how to read the table.\n"
         "\n"
         "With --recordio, every sample goes through the image pipeline most Gluon users\n"
         "train with: mx.gluon.data.vision.ImageRecordDataset(FILE.rec).transform_first(\n"
@@ -173,15 +179,24 @@ def _add_runs(bench: argparse.ArgumentParser) -> None:
     bench.add_argument(
         "--workers",
         type=_worker_list,
-        default=[0, 1, 2, 4],
+        default=None,
         metavar="LIST",
-        help="comma-separated num_workers values (default 0,1,2,4)",
+        help="comma-separated num_workers values (default: 0, 1, and the powers of two up "
+        "to the core count, and the core count: 0,1,2 on 2 cores)",
     )
     length = bench.add_mutually_exclusive_group()
     length.add_argument(
-        "--batches", type=_positive_int, metavar="N", help="batches per run (default 100)"
+        "--batches",
+        type=_positive_int,
+        metavar="N",
+        help="batches timed per run, after the warm-up batches (default 100)",
     )
-    length.add_argument("--epochs", type=_positive_int, metavar="N", help="full epochs per run")
+    length.add_argument(
+        "--epochs",
+        type=_positive_int,
+        metavar="N",
+        help="epochs per run, timed after the warm-up batches",
+    )
     bench.add_argument("--thread-pool", action="store_true", help="use threads, not processes")
     bench.add_argument("--shuffle", action="store_true", help="shuffle the samples")
     bench.add_argument(
@@ -189,14 +204,18 @@ def _add_runs(bench: argparse.ArgumentParser) -> None:
         type=_non_negative_float,
         default=0.0,
         metavar="MS",
-        help="sleep this long per batch, as a GPU training step would (default 0)",
+        help="sleep this long per batch, as a GPU training step would, and recommend the "
+        "fewest workers that keep the data stall at or under 5%% (default 0: the fastest)",
     )
     bench.add_argument(
+        "--rounds",
         "--repeat",
+        dest="rounds",
         type=_positive_int,
-        default=1,
+        default=5,
         metavar="R",
-        help="measure every configuration R times and report the median (default 1)",
+        help="rounds: every configuration is measured R times, the loaders alternating, and "
+        "the table gives the median and the range (default 5)",
     )
     bench.add_argument("--plot", metavar="OUT.png", help="save a plot (needs matplotlib)")
     progress = bench.add_mutually_exclusive_group()
