@@ -63,7 +63,21 @@ _THREAD_POLL_INTERVAL_S = 0.1
 
 
 class WorkerInfo(NamedTuple):
-    """What ``get_worker_info`` returns inside a worker."""
+    """What ``get_worker_info`` returns inside a worker.
+
+    Attributes
+    ----------
+    id : int
+        This worker's index, from 0 to ``num_workers - 1``; ``worker_init_fn`` receives it
+        too.
+    num_workers : int
+        The loader's ``num_workers``.
+    seed : int or None
+        The loader's ``seed`` argument (None when it has none). What each sample draws is
+        seeded from it, the epoch and the sample, whatever worker loads it.
+    dataset : object
+        The dataset this worker loads from: in a process worker, the worker's own copy.
+    """
 
     id: int
     num_workers: int
@@ -77,6 +91,15 @@ _info = threading.local()
 def get_worker_info() -> Optional[WorkerInfo]:
     """Inside a worker (process or thread), its ``WorkerInfo``; elsewhere ``None``.
 
+    Returns
+    -------
+    WorkerInfo or None
+        Who this worker is, while a dataset's ``__getitem__``, a batchify function or a
+        ``worker_init_fn`` runs in a worker; ``None`` in the training process and for
+        ``num_workers=0``.
+
+    Examples
+    --------
     >>> get_worker_info() is None
     True
     """
