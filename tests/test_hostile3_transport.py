@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "scripts")
+ROOT = os.path.dirname(HERE)
 
 
 def labels(loader):
@@ -23,14 +25,27 @@ def labels(loader):
 
 
 def run_program(name: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    """Run ``tests/scripts/<name>`` in its own interpreter, with a deadline."""
-    return subprocess.run(
+    """Run ``tests/scripts/<name>`` in its own interpreter and process group, against this
+    checkout's shardloader, with a deadline (a hang kills the whole group)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
         [sys.executable, os.path.join(SCRIPTS, name), *args],
+        cwd=ROOT,
+        env=env,
         stdin=subprocess.DEVNULL,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
+        start_new_session=True,
     )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{name} {' '.join(args)} hung past {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 # -------------------------------------------- item 9: worker_init_fn raises in a process worker
@@ -70,3 +85,23 @@ def test_process_worker_init_fn_error_names_it_and_is_not_restarted(tmp_path, po
     assert "the fault is in loading it" not in text
     # No restart loop: each of the two workers ran its initializer once.
     assert len(os.listdir(tmp_path)) == 2, sorted(os.listdir(tmp_path))
+
+
+# ------------------------------- item 2: an os.fork() child that exits leaves the workers alone
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("how", ["exit", "end", "raise", "os_exit"])
+def test_a_forked_child_that_exits_leaves_the_parents_workers_alone(tmp_path, how):
+    child_output = tmp_path / "child.txt"
+    proc = run_program("h3_fork_child.py", how, str(child_output))
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+    child = child_output.read_text()
+    if how == "raise":
+        # The child's own error, and nothing of ours.
+        assert "RuntimeError: the child's own error" in child
+        child = child.split("RuntimeError: the child's own error", 1)[1]
+        assert "Traceback" not in child, child
+    else:
+        assert child.strip() == "", child
+    assert "shardloader" not in child and "can only join" not in child, child

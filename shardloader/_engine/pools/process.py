@@ -41,8 +41,12 @@ class _ProcWorker:
         self.failed: Optional[Failed] = None  # it could not start, and said why
 
 
-def _shutdown_processes(workers: Dict[int, _ProcWorker], table) -> None:
-    """Idempotent teardown shared by close() and the garbage-collection finalizer."""
+def _shutdown_processes(workers: Dict[int, _ProcWorker], table, owner: int) -> None:
+    """Idempotent teardown shared by close() and the garbage-collection finalizer. A no-op
+    in any process but the pool's owner: a child made with ``os.fork()`` runs this at its
+    exit, and must not stop (or join, or unmap for) its parent's workers."""
+    if os.getpid() != owner:
+        return
     procs = list(workers.values())
     workers.clear()
     for w in procs:
@@ -99,7 +103,11 @@ class ProcessPool:
         # A worker whose seeding or worker_init_fn raised is not restarted: it would most
         # likely fail again, as a thread worker's would (invariant 6).
         self._start_failed = False
-        self._finalizer = weakref.finalize(self, _shutdown_processes, self._workers, self._table)
+        self._owner = os.getpid()  # a forked child gets a copy of this pool, not its workers
+        self._finalizer = weakref.finalize(
+            self, _shutdown_processes, self._workers, self._table, self._owner
+        )
+        _register_fork_handler()
         _live_pools.add(self)
         for worker_id in range(num_workers):
             self._spawn(worker_id)
@@ -164,9 +172,10 @@ class ProcessPool:
 
     @property
     def closed(self) -> bool:
-        """Closed, or missing a worker that died and was not replaced: either way the pool
-        cannot serve another epoch, and the loader starts a new one."""
-        return self._closed or len(self._workers) < self.num_workers
+        """Closed, missing a worker that died and was not replaced, or seen from a child made
+        with ``os.fork()`` (the workers are the parent's): either way the pool cannot serve
+        another epoch, and the loader starts a new one."""
+        return self._closed or len(self._workers) < self.num_workers or os.getpid() != self._owner
 
     @property
     def can_restart(self) -> bool:
@@ -175,6 +184,8 @@ class ProcessPool:
         return not self._closed and not self._start_failed
 
     def close(self) -> None:
+        if os.getpid() != self._owner:
+            return  # a forked child's copy: the workers are the parent's (see _shutdown_processes)
         with self._lock:
             self._closed = True
             _live_pools.discard(self)
@@ -342,6 +353,32 @@ class ProcessPool:
     @property
     def bytes_delivered(self) -> int:
         return self._table.bytes_delivered
+
+
+_fork_handler_registered = False
+
+
+def _register_fork_handler() -> None:
+    """Once per process: a child made with ``os.fork()`` forgets every pool's workers."""
+    global _fork_handler_registered
+    if not _fork_handler_registered:
+        os.register_at_fork(after_in_child=_forget_workers_in_child)
+        _fork_handler_registered = True
+
+
+def _forget_workers_in_child() -> None:
+    """In a child made with ``os.fork()``: take the parent's worker processes out of
+    multiprocessing's table of this process's children. Otherwise multiprocessing's exit
+    hook, which runs when the child exits normally, would SIGTERM them (they are daemonic)
+    and then fail to join them ("can only join a child process"). A worker started with
+    multiprocessing resets that table itself; a bare ``os.fork()`` does not, and the stdlib
+    has no public way to say so, hence its private ``_children``."""
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for pool in list(_live_pools):
+        for w in list(pool._workers.values()):
+            children.discard(w.process)
 
 
 def _close_fd(fd: int) -> None:

@@ -6,6 +6,7 @@ never restarted.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -19,8 +20,10 @@ from . import JOIN_TIMEOUT_S, finalizing, fresh_entropy
 
 
 def _shutdown_threads(
-    threads: List[threading.Thread], tasks: queue.Queue, stop: threading.Event
+    threads: List[threading.Thread], tasks: queue.Queue, stop: threading.Event, owner: int
 ) -> None:
+    if os.getpid() != owner:
+        return  # a child made with os.fork(): the threads (and the queue's users) stay behind
     stop.set()
     for _ in threads:
         tasks.put(None)
@@ -84,7 +87,7 @@ class ThreadPool:
         for t in self._threads:
             t.start()
         self._finalizer = weakref.finalize(
-            self, _shutdown_threads, self._threads, self._tasks, self._stop
+            self, _shutdown_threads, self._threads, self._tasks, self._stop, os.getpid()
         )
 
     @property
