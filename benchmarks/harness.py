@@ -224,6 +224,7 @@ _PRELOAD = [
     "shardloader._engine.ipc.table",
     "shardloader._engine.device",
     "shardloader.prefetch",
+    "benchmarks.images",
     "benchmarks.workloads",
     "benchmarks.micro",
     "benchmarks.harness",
@@ -236,8 +237,10 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
 
     ``case_dict`` is a :class:`~benchmarks.workloads.Case` as a dict, or a task that is not
     a loader: ``{"task": name, **kwargs}`` with ``name`` one of ``stacking`` (the NDArray
-    stacking micro-benchmark), ``jpeg_per_sample`` (W5's single-process rate) and
-    ``jpeg_records`` (writes W5's records if they are missing).
+    stacking micro-benchmark), ``jpeg_per_sample`` (W5's single-process rate through Gluon's
+    pipeline), ``fused_per_sample`` (decode + crop in shardloader's fused image code, one
+    process), ``jpeg_records`` (writes W5's records if they are missing) and ``jpeg_folder``
+    (writes W7's class folders if they are missing).
     """
     if "task" in case_dict:
         kwargs = dict(case_dict)
@@ -257,13 +260,22 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
 
 
 def _tasks() -> Dict[str, Callable[..., Dict[str, Any]]]:
+    from .images import fused_per_sample, jpeg_folder, jpeg_per_sample, jpeg_records
     from .micro import stacking
-    from .workloads import jpeg_per_sample, jpeg_records
 
     def records(folder: str, n: int) -> Dict[str, Any]:
         return {"rec_path": jpeg_records(folder, n)}
 
-    return {"stacking": stacking, "jpeg_per_sample": jpeg_per_sample, "jpeg_records": records}
+    def folders(folder: str, n: int) -> Dict[str, Any]:
+        return {"folder": jpeg_folder(folder, n)}
+
+    return {
+        "stacking": stacking,
+        "jpeg_per_sample": jpeg_per_sample,
+        "fused_per_sample": fused_per_sample,
+        "jpeg_records": records,
+        "jpeg_folder": folders,
+    }
 
 
 def _isolated_main(case_dict: Dict[str, Any], min_time_s: float, conn: Any) -> None:

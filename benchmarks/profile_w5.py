@@ -54,7 +54,7 @@ class ProfiledJpegDataset:
     def __init__(self, rec_path: str) -> None:
         from mxnet.gluon.data.vision import ImageRecordDataset
 
-        from .workloads import jpeg_transform
+        from .images import jpeg_transform
 
         self._base = ImageRecordDataset(rec_path)
         self._steps = list(jpeg_transform()._children.values())  # crop, then the fused block
@@ -117,7 +117,7 @@ def _unfused(rec_path: str, count: int) -> Dict[str, float]:
     from mxnet import image, recordio
     from mxnet.gluon.data.vision import ImageRecordDataset
 
-    from .workloads import JPEG_CROP, MEAN, STD
+    from .images import JPEG_CROP, MEAN, STD
 
     base = ImageRecordDataset(rec_path)
     payloads = [recordio.unpack(_raw(base, i))[1] for i in range(count)]
@@ -285,7 +285,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.child:
         _child(args)
         return 0
-    from .workloads import WORKLOADS, jpeg_records
+    from .images import jpeg_records
+    from .workloads import WORKLOADS
 
     n = WORKLOADS["W5"].quick_samples if args.quick else WORKLOADS["W5"].samples
     rec = jpeg_records(os.path.join(args.out, "data"), n)

@@ -14,10 +14,12 @@ Examples
     python -m benchmarks.run --workloads W5,STACK --quick
     python -m benchmarks.run --publish         # also update docs/benchmarks.md and its plot
 
-Besides the loader cells, every round runs two tasks in fresh processes when their
-workloads are asked for: W5's single-process rate (``jpeg_per_sample``, for the ideal) and
-the NDArray stacking micro-benchmark (``STACK``, :mod:`benchmarks.micro`). W5's records are
-generated once, before the first round, into ``<out>/data`` (and reused by later runs).
+Besides the loader cells, the first rounds run tasks in fresh processes when their
+workloads are asked for: W5's single-process rates (``jpeg_per_sample``, Gluon's pipeline,
+for the exact path's ideal; ``fused_per_sample``, decode + crop in shardloader's fused code,
+for the decode bound) and the NDArray stacking micro-benchmark (``STACK``,
+:mod:`benchmarks.micro`). W5's records and W7's folders are generated once, before the
+first round, into ``<out>/data`` (and reused by later runs).
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import report
 from .harness import run_isolated
 from .summary import Cell
-from .workloads import CPP_LOADERS, WORKLOADS, calibrate_cpu_work, mxnet_2, torch_available
+from .workloads import (
+    CPP_LOADERS,
+    IMAGE_WORKLOADS,
+    WORKLOADS,
+    calibrate_cpu_work,
+    mxnet_2,
+    torch_available,
+)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
@@ -56,7 +65,6 @@ _RUN_TIMEOUT_S = 180.0
 _W3_TARGET_S = 1e-3
 # Not a loader workload: the NDArray stacking micro-benchmark (benchmarks.micro).
 STACK = "STACK"
-_TASKS = {"W5": "jpeg_per_sample", STACK: "stacking"}
 # The tasks' sizes: (full, --quick).
 _PROBE_SAMPLES = (300, 48)
 _STACK_ROUNDS = (25, 5)
@@ -73,10 +81,11 @@ def build_plan(
 
     W1-W4 run with and without ``pin_memory`` and (W1-W3) with thread workers; W1 and W2
     sweep ``num_workers``. W5 runs inline, with process workers (where ImageRecordIter, with
-    ``preprocess_threads=2``, joins the two loaders) and with thread workers. W6 runs inline
-    and with process workers. Under MXNet 2.x (``mx2``), W5's headline cell also runs both
-    loaders with ``try_nopython=True`` (``gluon-cpp``, ``ours-cpp``). ``STACK`` is not a
-    cell (see :func:`build_tasks`).
+    ``preprocess_threads=2``, shardloader's exact path and its uint8 output join the two
+    loaders) and with thread workers. W6 runs inline and with process workers, W7 with
+    process workers. Under MXNet 2.x (``mx2``), W5's headline cell also runs both loaders
+    with ``try_nopython=True`` (``gluon-cpp``, ``ours-cpp``). ``STACK`` is not a cell (see
+    :func:`build_tasks`).
     """
     cells: List[Cell] = []
 
@@ -85,7 +94,7 @@ def build_plan(
         n = reps if reps is not None else (headline_reps if headline else _REPS)
         loaders: Tuple[str, ...] = ("gluon", "ours")
         if workload == "W5" and headline:
-            loaders += ("recorditer",) + (CPP_LOADERS if mx2 else ())
+            loaders += ("recorditer", "ours-exact", "ours-uint8") + (CPP_LOADERS if mx2 else ())
         if with_torch and workload != "W4" and not pin and not thread and nw > 0:
             loaders += ("torch",)
         cells.append(Cell(workload, nw, pin, thread, n, loaders))
@@ -99,7 +108,7 @@ def build_plan(
         elif workload in ("W3", "W5", "W6"):
             add(workload, 0)
             add(workload, 2)
-        else:
+        else:  # W4, W7
             add(workload, 2)
         if workload in ("W1", "W2", "W3", "W4"):
             add(workload, 2, pin=True)
@@ -111,14 +120,15 @@ def build_plan(
 def build_tasks(
     workloads: Sequence[str], quick: bool, case_extra: Dict[str, Dict[str, Any]]
 ) -> List[Dict[str, Any]]:
-    """The tasks every round runs besides the cells: W5's single-process rate (with W5)
-    and the stacking micro-benchmark (with ``STACK``)."""
+    """The tasks the first rounds run besides the cells: W5's single-process rates, of
+    Gluon's pipeline and of the fused decode + crop (with W5), and the stacking
+    micro-benchmark (with ``STACK``)."""
     tasks: List[Dict[str, Any]] = []
     if "W5" in workloads:
         count = _PROBE_SAMPLES[1 if quick else 0]
-        tasks.append(
-            {"task": "jpeg_per_sample", "rec_path": case_extra["W5"]["rec_path"], "count": count}
-        )
+        rec_path = case_extra["W5"]["rec_path"]
+        for task in ("jpeg_per_sample", "fused_per_sample"):
+            tasks.append({"task": task, "rec_path": rec_path, "count": count})
     if STACK in workloads:
         tasks.append({"task": "stacking", "rounds": _STACK_ROUNDS[1 if quick else 0]})
     return tasks
@@ -165,13 +175,17 @@ def machine_info() -> Dict[str, Any]:
 
 
 def source_fingerprint() -> str:
-    """A hash of shardloader's sources, to tell whether they changed during the run."""
+    """A hash of shardloader's sources (every module, subpackages included), to tell
+    whether they changed during the run."""
     digest = hashlib.sha1()
     package = os.path.join(_ROOT, "shardloader")
-    for name in sorted(os.listdir(package)):
-        if name.endswith(".py"):
-            with open(os.path.join(package, name), "rb") as f:
-                digest.update(name.encode() + b"\0" + f.read())
+    for folder, dirs, files in os.walk(package):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, "rb") as f:
+                    digest.update(os.path.relpath(path, package).encode() + b"\0" + f.read())
     return digest.hexdigest()[:12]
 
 
@@ -205,7 +219,7 @@ def _task_line(task: Dict[str, Any], round_: int, rounds: int, result: Dict[str,
     head = f"[{round_ + 1}/{rounds}] {'task ' + task['task']:<31}"
     if "error" in result:
         return f"{head} ERROR {result['error']}"
-    if task["task"] == "jpeg_per_sample":
+    if task["task"] in ("jpeg_per_sample", "fused_per_sample"):
         return (
             f"{head} {result['s_per_sample'] * 1e3:.2f} ms per image in one process "
             f"({result['samples_per_s']:,.0f} img/s)  ({result['process_s']:.1f} s)"
@@ -365,6 +379,26 @@ def _finish(args: argparse.Namespace, cells, runs, machine, meta) -> int:
     return 0
 
 
+def _image_data(workload: str, args: argparse.Namespace, extra: Dict[str, Dict]) -> bool:
+    """Write W5's records or W7's folders (once: later runs reuse them) and put their path
+    into ``extra``; False, with the error printed, if that failed."""
+    n = WORKLOADS[workload].quick_samples if args.quick else WORKLOADS[workload].samples
+    task, key = ("jpeg_records", "rec_path") if workload == "W5" else ("jpeg_folder", "folder")
+    t = time.perf_counter()
+    # In a fresh process, like every measurement: this one never imports MXNet.
+    made = run_isolated(
+        {"task": task, "folder": os.path.join(args.out, "data"), "n": n},
+        timeout_s=args.timeout_s,
+    )
+    if "error" in made:
+        print(f"{workload}: could not write the JPEGs: {made['error']}", file=sys.stderr)
+        return False
+    extra.setdefault(workload, {}).update({key: made[key], "samples": n})
+    where = os.path.relpath(made[key], _ROOT)
+    print(f"{workload}: {n} JPEGs of 320x256 in {where} ({time.perf_counter() - t:.1f} s)")
+    return True
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parse(argv)
     if args.from_json:
@@ -384,23 +418,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.quick:
         for w in loader_workloads:
             case_extra[w] = {"samples": WORKLOADS[w].quick_samples}
-    if "W5" in args.workloads:
-        n = WORKLOADS["W5"].quick_samples if args.quick else WORKLOADS["W5"].samples
-        t = time.perf_counter()
-        # In a fresh process, like every measurement: this one never imports MXNet.
-        made = run_isolated(
-            {"task": "jpeg_records", "folder": os.path.join(args.out, "data"), "n": n},
-            timeout_s=args.timeout_s,
-        )
-        if "error" in made:
-            print(f"W5: could not write the JPEG records: {made['error']}", file=sys.stderr)
+    for workload in IMAGE_WORKLOADS:
+        if workload in args.workloads and not _image_data(workload, args, case_extra):
             return 1
-        rec_path = made["rec_path"]
-        case_extra.setdefault("W5", {}).update(rec_path=rec_path, samples=n)
-        print(
-            f"W5: {n} JPEGs of 320x256 in {os.path.relpath(rec_path, _ROOT)} "
-            f"({os.path.getsize(rec_path) / 2**20:.1f} MiB, {time.perf_counter() - t:.1f} s)"
-        )
     tasks = build_tasks(args.workloads, args.quick, case_extra)
     calibration = None
     if "W3" in args.workloads:

@@ -12,10 +12,12 @@ Definitions (also in docs/benchmarks.md):
   ``max(1, num_workers)``. For W4 the reference is W2 (one step is one W2 batch).
 - **Fraction of ideal** (W3) is ``samples/s at num_workers=2`` over twice the same loader's
   ``samples/s at num_workers=0``. For W5 the ideal is ``max(1, num_workers)`` times the
-  single-process rate of ``dataset[i]`` (timed in every round, in a fresh process).
+  single-process rate of the work the loader's image path does: ``dataset[i]`` through
+  Gluon's transforms (the exact path), or decode + crop in shardloader's fused code (the
+  **decode bound**); each is timed in the first rounds, in a fresh process.
 - A **comparison** across cells or against another loader than Gluon (W5's ImageRecordIter,
   W5 thread against process, W2 process against inline) pairs the two runs of every round
-  the same way.
+  the same way; so do the **differences** of peak memory (W5 fused against exact).
 - The **stacking** micro-benchmark reports each method's median seconds per batch over its
   calls in every round, and the target is ``ours / memcpy`` of those medians.
 """
@@ -40,6 +42,7 @@ __all__ = [
     "ratio_of",
     "spread_of",
     "w5_ideal",
+    "w5_bound",
 ]
 
 
@@ -71,10 +74,9 @@ class Target:
     name: str
     measured: Optional[float]
     threshold: float
-    unit: str  # "x" for a ratio, "of ideal", "MB", "x memcpy" (a ratio of times)
+    unit: str  # "x" for a ratio, "of ideal", "of bound", "MB", "x memcpy" (a ratio of times)
     spread: Optional[Tuple[float, float]] = None
     higher_is_better: bool = True
-    source: str = ""  # the issue that set the target
 
     @property
     def status(self) -> str:
@@ -124,6 +126,9 @@ def summarise(cells: Sequence[Cell], runs: Sequence[Dict[str, Any]]) -> Dict[str
                 if r["loader"] == loader and "error" in r["result"]
             ]
             med = {m: median([res.get(m) for res in ok]) for m in _METRICS}
+            rates = [res["samples_per_s"] for res in ok if res.get("samples_per_s")]
+            med["samples_per_s_range"] = [min(rates), max(rates)] if rates else None
+            med["image_path"] = _image_path(ok)
             med["reps"] = len(ok)
             med["errors"] = errors
             med["leftover_runs"] = sum(bool(res.get("leftover_processes")) for res in ok)
@@ -137,6 +142,17 @@ def summarise(cells: Sequence[Cell], runs: Sequence[Dict[str, Any]]) -> Dict[str
         out[cell.key] = entry
     _add_overheads(cells, out)
     return out
+
+
+def _image_path(results: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """Which image path shardloader's runs took (``stats()["image_path"]``: "fused", or
+    "exact: <reason>"); the paths joined by " / " if the runs disagree."""
+    paths = []
+    for res in results:
+        path = (res.get("loader_stats") or {}).get("image_path")
+        if path is not None and path not in paths:
+            paths.append(str(path))
+    return " / ".join(paths) if paths else None
 
 
 def cell_dict(cell: Cell) -> Dict[str, Any]:
@@ -193,7 +209,10 @@ def scaling(summary: Dict[str, Any], loader: str, pin: bool = False) -> Optional
 W5_PROCESS = Cell("W5", 2).key
 W5_THREAD = Cell("W5", 2, thread_pool=True).key
 W5_INLINE = Cell("W5", 0).key
+W7_PROCESS = Cell("W7", 2).key
 RECORDITER = "recorditer"
+EXACT = "ours-exact"
+UINT8 = "ours-uint8"
 
 # (name, (cell, loader), (base cell, base loader)): ratios of samples/s paired per round.
 COMPARISONS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str]], ...] = (
@@ -207,6 +226,9 @@ COMPARISONS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str]], ...] = (
     ),
     ("W5 ours process / ImageRecordIter", (W5_PROCESS, "ours"), (W5_PROCESS, RECORDITER)),
     ("W5 gluon process / ImageRecordIter", (W5_PROCESS, "gluon"), (W5_PROCESS, RECORDITER)),
+    ("W5 ours-exact process / ImageRecordIter", (W5_PROCESS, EXACT), (W5_PROCESS, RECORDITER)),
+    ("W5 ours-uint8 process / ImageRecordIter", (W5_PROCESS, UINT8), (W5_PROCESS, RECORDITER)),
+    ("W5 ours process / ours-exact process", (W5_PROCESS, "ours"), (W5_PROCESS, EXACT)),
     ("W5 ours thread / ImageRecordIter", (W5_THREAD, "ours"), (W5_PROCESS, RECORDITER)),
     ("W5 ours inline / ImageRecordIter", (W5_INLINE, "ours"), (W5_PROCESS, RECORDITER)),
     ("W5 ours thread / ours process", (W5_THREAD, "ours"), (W5_PROCESS, "ours")),
@@ -215,6 +237,11 @@ COMPARISONS: Tuple[Tuple[str, Tuple[str, str], Tuple[str, str]], ...] = (
     ("W5 ours-cpp / gluon-cpp", (W5_PROCESS, "ours-cpp"), (W5_PROCESS, "gluon-cpp")),
     ("W5 ours-cpp / ImageRecordIter", (W5_PROCESS, "ours-cpp"), (W5_PROCESS, RECORDITER)),
     ("W5 gluon-cpp / ImageRecordIter", (W5_PROCESS, "gluon-cpp"), (W5_PROCESS, RECORDITER)),
+)
+# (name, metric, (cell, loader), (base cell, base loader)): differences, paired per round.
+DIFFERENCES: Tuple[Tuple[str, str, Tuple[str, str], Tuple[str, str]], ...] = (
+    ("W5 peak RSS, ours - ours-exact", "peak_rss_mb", (W5_PROCESS, "ours"), (W5_PROCESS, EXACT)),
+    ("W5 peak PSS, ours - ours-exact", "peak_pss_mb", (W5_PROCESS, "ours"), (W5_PROCESS, EXACT)),
 )
 
 
@@ -248,12 +275,17 @@ def _paired(
 
 
 def comparisons(runs: Sequence[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """Every ratio of :data:`COMPARISONS` whose two sides ran, paired per round."""
+    """Every ratio of :data:`COMPARISONS` and difference of :data:`DIFFERENCES` whose two
+    sides ran, paired per round."""
     out = {}
     for name, top, base in COMPARISONS:
         ratio = _paired(runs, top, base)
         if ratio["per_round"]:
             out[name] = ratio
+    for name, metric, top, base in DIFFERENCES:
+        diff = _paired(runs, top, base, metric, operator.sub)
+        if diff["per_round"]:
+            out[name] = diff
     return out
 
 
@@ -262,14 +294,15 @@ def summarise_extras(extras: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     (``jpeg_per_sample``) and the stacking micro-benchmark (``stacking``)."""
     out: Dict[str, Any] = {}
     ok = [e for e in extras if "error" not in e["result"]]
-    probes = [e["result"] for e in ok if e["task"] == "jpeg_per_sample"]
-    if probes:
-        out["jpeg_per_sample"] = {
-            "s_per_sample": median([p["s_per_sample"] for p in probes]),
-            "cpu_per_sample": median([p.get("cpu_per_sample") for p in probes]),
-            "samples": probes[0]["samples"],
-            "reps": len(probes),
-        }
+    for task in ("jpeg_per_sample", "fused_per_sample"):
+        probes = [e["result"] for e in ok if e["task"] == task]
+        if probes:
+            out[task] = {
+                "s_per_sample": median([p["s_per_sample"] for p in probes]),
+                "cpu_per_sample": median([p.get("cpu_per_sample") for p in probes]),
+                "samples": probes[0]["samples"],
+                "reps": len(probes),
+            }
     stacks = [e["result"] for e in ok if e["task"] == "stacking"]
     if stacks:
         methods = {}
@@ -293,9 +326,19 @@ def summarise_extras(extras: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return out
 
 
-def w5_ideal(extras: Dict[str, Any], num_workers: int) -> Optional[float]:
-    """W5's ideal img/s with ``num_workers``: that many times the single-process rate."""
-    probe = extras.get("jpeg_per_sample")
+def w5_ideal(
+    extras: Dict[str, Any], num_workers: int, task: str = "jpeg_per_sample"
+) -> Optional[float]:
+    """W5's ideal img/s with ``num_workers``: that many times the single-process rate of
+    ``task`` (``jpeg_per_sample``: Gluon's pipeline; ``fused_per_sample``: decode + crop in
+    shardloader's fused code, the decode bound)."""
+    probe = extras.get(task)
     if not probe or not probe.get("s_per_sample"):
         return None
     return max(1, num_workers) / probe["s_per_sample"]
+
+
+def w5_bound(extras: Dict[str, Any], num_workers: int) -> Optional[float]:
+    """The decode bound: ``num_workers`` over one process's time per image for decode +
+    crop in the fused code."""
+    return w5_ideal(extras, num_workers, "fused_per_sample")

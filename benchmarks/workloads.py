@@ -18,19 +18,25 @@ W5 jpeg   2,048 JPEGs 320x256 in an indexed .rec, Gluon's     64     the image p
           ToTensor, Normalize; shuffled                              against ImageRecordIter
 W6 nd     W2 with MXNet array samples (uint8 3x224x224;    64     stacking NDArrays
           mx.nd, or mx.np under MXNet 2.x)
+W7 folder W5's JPEGs as files in 16 class folders, Gluon's    64     the same pipeline
+          ImageFolderDataset + W5's transforms; shuffled             from files
 ========  ==================================================  =====  ====================
+
+W5's and W7's data and the loaders that read W5's file themselves are in
+:mod:`benchmarks.images`.
 """
 
 from __future__ import annotations
 
 import functools
-import io
 import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
+
+from . import images
 
 __all__ = [
     "Case",
@@ -43,19 +49,37 @@ __all__ = [
     "build",
     "calibrate_cpu_work",
     "cpu_work_seconds",
-    "jpeg_dataset",
-    "jpeg_per_sample",
     "mxnet_2",
     "torch_available",
-    "write_jpeg_records",
 ]
 
-LOADERS = ("gluon", "ours", "torch", "recorditer", "gluon-cpp", "ours-cpp")
+LOADERS = (
+    "gluon",
+    "ours",
+    "torch",
+    "recorditer",
+    "gluon-cpp",
+    "ours-cpp",
+    "ours-exact",
+    "ours-uint8",
+)
 # MXNet 2.x only: the two loaders with ``try_nopython=True``, on W5 with its transforms in a
 # ``HybridCompose`` (Gluon 2.x's C++ pipeline takes only hybridizable transforms, and
 # ``Compose`` is a plain ``Sequential``). Where Gluon runs its C++ pipeline, so does
 # shardloader (docs/switching.md, "try_nopython").
 CPP_LOADERS = ("gluon-cpp", "ours-cpp")
+# The image workloads (W5, W7): shardloader fuses their transforms into its own image path
+# by default ("ours"); "ours-exact" runs them as Gluon does (``fuse_transforms=False``), and
+# "ours-uint8" is ``shardloader.vision.ImageRecordLoader(output="uint8")`` on W5's file.
+IMAGE_WORKLOADS = ("W5", "W7")
+# Loaders that read W5's file themselves, and the workloads each one may run.
+_ONLY_ON = {
+    "recorditer": ("W5",),
+    "gluon-cpp": ("W5",),
+    "ours-cpp": ("W5",),
+    "ours-uint8": ("W5",),
+    "ours-exact": IMAGE_WORKLOADS,
+}
 
 
 @dataclass(frozen=True)
@@ -95,6 +119,13 @@ WORKLOADS: Dict[str, WorkloadSpec] = {
         256,
         "decode + augment in the workers, against mx.io.ImageRecordIter",
     ),
+    "W7": WorkloadSpec(
+        "folder: W5's JPEGs as files in class folders, the same transforms",
+        64,
+        2_048,
+        256,
+        "the same image pipeline, reading one file per image",
+    ),
     "W6": WorkloadSpec(
         "nd: W2 with MXNet array samples (mx.nd; mx.np under MXNet 2.x)",
         64,
@@ -104,14 +135,6 @@ WORKLOADS: Dict[str, WorkloadSpec] = {
     ),
 }
 
-# W5: the records, and the pipeline (ImageNet's mean and std, as most users write them).
-JPEG_SIZE = (256, 320)  # height, width
-JPEG_QUALITY = 90
-JPEG_CROP = 224
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-_JPEG_VERSION = 1  # part of the cached file's name: bump when the generator changes
-
 
 @dataclass(frozen=True)
 class Case:
@@ -119,13 +142,14 @@ class Case:
     :meth:`to_dict` / ``Case(**d)``."""
 
     workload: str
-    loader: str  # "gluon", "ours", "torch" or "recorditer" (W5 only)
+    loader: str  # one of LOADERS (recorditer and the -cpp/-uint8 ones: W5 only)
     num_workers: int = 2  # recorditer: its preprocess_threads
     pin_memory: bool = False
     thread_pool: bool = False
     samples: Optional[int] = None  # None: the workload's full size
     work_passes: int = 0  # W3: numpy passes per sample (see calibrate_cpu_work)
-    rec_path: Optional[str] = None  # W5: the .rec file (see write_jpeg_records)
+    rec_path: Optional[str] = None  # W5: the .rec file (see images.jpeg_records)
+    folder: Optional[str] = None  # W7: the class folders (see images.jpeg_folder)
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -135,9 +159,14 @@ class Case:
         if self.workload == "W3" and self.work_passes < 1:
             raise ValueError(f"W3 needs work_passes >= 1 (calibrate it), got {self.work_passes}")
         if self.workload == "W5" and not self.rec_path:
-            raise ValueError("W5 needs rec_path (see write_jpeg_records)")
-        if self.loader in ("recorditer", *CPP_LOADERS) and self.workload != "W5":
-            raise ValueError(f"{self.loader} reads only W5's records, not {self.workload}")
+            raise ValueError("W5 needs rec_path (see images.jpeg_records)")
+        if self.workload == "W7" and not self.folder:
+            raise ValueError("W7 needs folder (see images.jpeg_folder)")
+        only = _ONLY_ON.get(self.loader)
+        if only is not None and self.workload not in only:
+            raise ValueError(
+                f"{self.loader} reads only {' and '.join(only)}'s images, not {self.workload}"
+            )
         if self.loader in CPP_LOADERS and not mxnet_2():
             raise ValueError(f"{self.loader} (try_nopython=True) needs MXNet 2.x")
 
@@ -283,150 +312,6 @@ def calibrate_cpu_work(target_s: float = 1e-3) -> Tuple[int, float]:
     return passes, cpu_work_seconds(passes)
 
 
-# ---------------------------------------------------------------------------- W5's records
-def _jpeg_pixels(rng: np.random.Generator, noise: np.ndarray) -> np.ndarray:
-    """One HxWx3 uint8 image: two smooth colour gradients (random frequencies and phases)
-    plus grain, so that a JPEG of it is about as large as a photo's of the same size."""
-    height, width = JPEG_SIZE
-    freq = rng.uniform(1.0, 7.0, (2, 3, 1))
-    phase = rng.uniform(0.0, 2 * np.pi, (2, 3, 1))
-    across = 60 + 50 * np.sin(np.linspace(0, 1, width, dtype=np.float32) * freq[0] + phase[0])
-    down = 60 + 50 * np.sin(np.linspace(0, 1, height, dtype=np.float32) * freq[1] + phase[1])
-    planes = across.astype(np.uint8)[:, None, :] + down.astype(np.uint8)[:, :, None]  # 3xHxW
-    start = int(rng.integers(0, noise.size - planes.size))
-    planes += noise[start : start + planes.size].reshape(planes.shape)
-    return np.ascontiguousarray(planes.transpose(1, 2, 0))
-
-
-def write_jpeg_records(rec_path: str, n: int, seed: int = 0) -> Tuple[str, str]:
-    """Write ``n`` generated 320x256 JPEGs (quality 90, Pillow) to an indexed RecordIO file.
-
-    Record ``i`` has key ``i`` and label ``float(i)``. The files are written under temporary
-    names and renamed at the end, so an interrupted run leaves no half-written file behind
-    under the final name. Returns ``(rec_path, idx_path)``.
-    """
-    import mxnet as mx
-    from PIL import Image
-
-    idx_path = os.path.splitext(rec_path)[0] + ".idx"
-    folder = os.path.dirname(os.path.abspath(rec_path))
-    os.makedirs(folder, exist_ok=True)
-    tmp_rec, tmp_idx = f"{rec_path}.tmp{os.getpid()}", f"{idx_path}.tmp{os.getpid()}"
-    rng = np.random.default_rng(seed)
-    noise = (rng.random(4 << 20, dtype=np.float32) * 24).astype(np.uint8)
-    writer = mx.recordio.MXIndexedRecordIO(tmp_idx, tmp_rec, "w")
-    try:
-        for i in range(n):
-            buffer = io.BytesIO()
-            Image.fromarray(_jpeg_pixels(rng, noise)).save(
-                buffer, format="JPEG", quality=JPEG_QUALITY
-            )
-            header = mx.recordio.IRHeader(0, float(i), i, 0)
-            writer.write_idx(i, mx.recordio.pack(header, buffer.getvalue()))
-    finally:
-        writer.close()
-    os.replace(tmp_idx, idx_path)
-    os.replace(tmp_rec, rec_path)
-    return rec_path, idx_path
-
-
-def jpeg_records(folder: str, n: int) -> str:
-    """The path of W5's ``.rec`` with ``n`` images in ``folder``, written if missing (the
-    generator is deterministic, so a file from an earlier run is reused)."""
-    rec_path = os.path.join(folder, f"w5-jpeg-{n}-v{_JPEG_VERSION}.rec")
-    if not (os.path.isfile(rec_path) and os.path.isfile(os.path.splitext(rec_path)[0] + ".idx")):
-        write_jpeg_records(rec_path, n)
-    return rec_path
-
-
-def jpeg_transform(crop: int = JPEG_CROP, hybrid: bool = False) -> Any:
-    """W5's augmentation, in Gluon's own transforms; ``hybrid``: in MXNet 2.x's
-    ``HybridCompose``, which its C++ pipeline can run."""
-    from mxnet.gluon.data.vision import transforms as T
-
-    compose = T.HybridCompose if hybrid else T.Compose
-    return compose(
-        [T.RandomResizedCrop(crop), T.RandomFlipLeftRight(), T.ToTensor(), T.Normalize(MEAN, STD)]
-    )
-
-
-def jpeg_dataset(rec_path: str, crop: int = JPEG_CROP, hybrid: bool = False) -> Any:
-    """W5's dataset, exactly as a Gluon user writes it (see :func:`jpeg_transform`)."""
-    from mxnet.gluon.data.vision import ImageRecordDataset
-
-    return ImageRecordDataset(rec_path).transform_first(jpeg_transform(crop, hybrid))
-
-
-def jpeg_per_sample(rec_path: str, count: int = 300, warmup: int = 10) -> Dict[str, Any]:
-    """Seconds per sample of W5's dataset in this process: ``dataset[i]`` (read, decode,
-    augment) until its image is readable, over ``count`` samples after ``warmup``.
-
-    Run it in a process forked from the fork server, as the loaders' runs are: MXNet then
-    runs its operators on one thread, as in a worker process (MXNet restricts OpenMP in
-    forked children), so ``num_workers`` times its rate is the ideal of the workers.
-    """
-    dataset = jpeg_dataset(rec_path)
-    n = len(dataset)
-    for i in range(warmup):
-        dataset[i % n][0].wait_to_read()
-    start = time.perf_counter()
-    cpu = time.process_time()
-    for i in range(count):
-        dataset[(warmup + i) % n][0].wait_to_read()
-    wall = time.perf_counter() - start
-    return {
-        "samples": count,
-        "s_per_sample": wall / count,
-        "cpu_per_sample": (time.process_time() - cpu) / count,
-        "samples_per_s": count / wall,
-    }
-
-
-class RecordIterLoader:
-    """``mx.io.ImageRecordIter`` on W5's records, iterable once per epoch like a DataLoader:
-    each epoch ``reset()``\\ s the iterator and yields ``(data, label)``.
-
-    The same augmentation as W5's Gluon pipeline, done in C++: random-resized crop to 224,
-    random mirror, mean/std normalisation to float32 CHW, shuffled through the index.
-    """
-
-    def __init__(self, rec_path: str, batch_size: int, threads: int) -> None:
-        import mxnet as mx
-
-        self._iter = mx.io.ImageRecordIter(
-            path_imgrec=rec_path,
-            path_imgidx=os.path.splitext(rec_path)[0] + ".idx",
-            data_shape=(3, JPEG_CROP, JPEG_CROP),
-            batch_size=batch_size,
-            shuffle=True,
-            random_resized_crop=True,
-            rand_mirror=True,
-            mean_r=MEAN[0] * 255,
-            mean_g=MEAN[1] * 255,
-            mean_b=MEAN[2] * 255,
-            std_r=STD[0] * 255,
-            std_g=STD[1] * 255,
-            std_b=STD[2] * 255,
-            preprocess_threads=threads,
-            seed=0,
-        )
-        self._epochs = 0
-
-    def __iter__(self):
-        if self._epochs:
-            self._iter.reset()
-        self._epochs += 1
-        for batch in self._iter:
-            data, label = batch.data[0], batch.label[0]
-            if batch.pad:  # not with W5's whole batches; kept honest for other sizes
-                keep = data.shape[0] - batch.pad
-                data, label = data[:keep], label[:keep]
-            yield data, label
-
-    def close(self) -> None:
-        self._iter = None
-
-
 # ---------------------------------------------------------------------------- loaders
 class Prepared(NamedTuple):
     """What :func:`benchmarks.harness.time_loader` needs to time one case."""
@@ -445,9 +330,11 @@ def make_dataset(case: Case) -> Any:
     if case.workload in ("W2", "W4"):
         return ImageDataset(n)
     if case.workload == "W5":
-        if case.loader == "recorditer":
+        if case.loader in ("recorditer", "ours-uint8"):
             return None  # reads the file itself
-        return jpeg_dataset(case.rec_path, hybrid=case.loader in CPP_LOADERS)
+        return images.jpeg_dataset(case.rec_path, hybrid=case.loader in CPP_LOADERS)
+    if case.workload == "W7":
+        return images.folder_dataset(case.folder)
     if case.workload == "W6":
         return NDImageDataset(n)
     return CpuDataset(n, case.work_passes)
@@ -470,7 +357,7 @@ def _gluon(case: Case, dataset: Any) -> Any:
     return DataLoader(
         dataset,
         batch_size=case.batch_size,
-        shuffle=case.workload == "W5",
+        shuffle=case.workload in IMAGE_WORKLOADS,
         num_workers=case.num_workers,
         pin_memory=case.pin_memory,
         thread_pool=case.thread_pool,
@@ -483,11 +370,13 @@ def _ours(case: Case, dataset: Any) -> Any:
 
     kwargs: Dict[str, Any] = {
         "batch_size": case.batch_size,
-        "shuffle": case.workload == "W5",
+        "shuffle": case.workload in IMAGE_WORKLOADS,
         "num_workers": case.num_workers,
         "thread_pool": case.thread_pool,
         **_nopython(case),
     }
+    if case.loader == "ours-exact":
+        kwargs["fuse_transforms"] = False
     if case.workload == "W4":
         # ctx and pin_memory are exclusive in shardloader: pinning means pinned contexts.
         kwargs.update(
@@ -520,12 +409,12 @@ def _torch(case: Case, dataset: Any) -> Any:
     if case.workload == "W4" or case.thread_pool:
         raise ValueError("torch runs W1-W3, W5 and W6 with process workers only")
     kwargs: Dict[str, Any] = {}
-    if case.workload in ("W5", "W6"):
+    if case.workload in ("W5", "W6", "W7"):
         kwargs["collate_fn"] = _torch_collate
     return DataLoader(
         dataset,
         batch_size=case.batch_size,
-        shuffle=case.workload == "W5",
+        shuffle=case.workload in IMAGE_WORKLOADS,
         num_workers=case.num_workers,
         # Without CUDA torch ignores pin_memory with a warning; ask only where it works.
         pin_memory=case.pin_memory and torch.cuda.is_available(),
@@ -536,7 +425,13 @@ def _torch(case: Case, dataset: Any) -> Any:
 
 
 def _recorditer(case: Case, dataset: Any) -> Any:
-    return RecordIterLoader(case.rec_path, case.batch_size, max(1, case.num_workers))
+    return images.RecordIterLoader(case.rec_path, case.batch_size, max(1, case.num_workers))
+
+
+def _vision_uint8(case: Case, dataset: Any) -> Any:
+    return images.vision_loader(
+        case.rec_path, case.batch_size, case.num_workers, case.thread_pool, "uint8"
+    )
 
 
 _FACTORIES = {
@@ -546,6 +441,8 @@ _FACTORIES = {
     "recorditer": _recorditer,
     "gluon-cpp": _gluon,
     "ours-cpp": _ours,
+    "ours-exact": _ours,
+    "ours-uint8": _vision_uint8,
 }
 
 
@@ -572,7 +469,7 @@ def _to_numpy(x: Any) -> np.ndarray:
 
 
 def _checker(case: Case) -> Callable[[Any], None]:
-    if case.workload == "W5":
+    if case.workload in IMAGE_WORKLOADS:
         return _shuffled_checker(case)
     sharded = case.workload == "W4"
     expected_ctx = _shard_contexts(case.pin_memory) if sharded else None
@@ -598,23 +495,43 @@ def _checker(case: Case) -> Callable[[Any], None]:
 
 
 def _shuffled_checker(case: Case) -> Callable[[Any], None]:
-    """W5's first batch: float32 3x224x224 images, and labels that are distinct sample
-    indices (the order is shuffled; each epoch's sample count is checked separately)."""
-    want_shape = (3, JPEG_CROP, JPEG_CROP)
+    """W5's and W7's first batch: 3x224x224 images, float32 and normalised (``ours-uint8``:
+    uint8 pixels, channels first or last), and labels that are distinct sample indices (W5;
+    the order is shuffled) or class indices (W7). Each epoch's sample count is checked
+    separately."""
+    uint8 = case.loader == "ours-uint8"
+    want_shapes = [(3, images.JPEG_CROP, images.JPEG_CROP)]
+    if uint8:
+        want_shapes.append((images.JPEG_CROP, images.JPEG_CROP, 3))
+    want_dtype = np.uint8 if uint8 else np.float32
+    # The range of ToTensor + Normalize's output, with W5's mean and std.
+    low = min(-m / s for m, s in zip(images.MEAN, images.STD))
+    high = max((1 - m) / s for m, s in zip(images.MEAN, images.STD))
 
     def check(batch: Any) -> None:
         data, labels = batch[0], _to_numpy(batch[1]).ravel()
         shape = tuple(data.shape)
-        if shape[1:] != want_shape or np.dtype(data.dtype) != np.float32:
+        if shape[1:] not in want_shapes or np.dtype(data.dtype) != want_dtype:
             raise RuntimeError(
                 f"{case.loader}: first batch is {shape} {data.dtype}, expected "
-                f"(n, {', '.join(map(str, want_shape))}) float32"
+                f"{' or '.join(f'(n, {w[0]}, {w[1]}, {w[2]})' for w in want_shapes)} "
+                f"{np.dtype(want_dtype).name}"
+            )
+        first = _to_numpy(data[0])  # one image: a few hundred KB, well under a ms
+        if not uint8 and not (low - 1e-3 <= first.min() and first.max() <= high + 1e-3):
+            raise RuntimeError(
+                f"{case.loader}: first image ranges {first.min():.3f} to {first.max():.3f}, "
+                f"outside ToTensor + Normalize's {low:.3f} to {high:.3f}"
             )
         ok = (
             labels.shape == (shape[0],)
             and (labels == np.round(labels)).all()
-            and len(np.unique(labels)) == len(labels)
             and labels.min() >= 0
+            and (
+                labels.max() < images.FOLDER_CLASSES
+                if case.workload == "W7"
+                else len(np.unique(labels)) == len(labels)
+            )
         )
         if not ok:
             raise RuntimeError(f"{case.loader}: first batch has labels {labels[:8].tolist()}...")
@@ -630,8 +547,13 @@ def _import_loader(loader: str) -> None:
         import mxnet.gluon.data  # noqa: F401
         import mxnet.gluon.utils  # noqa: F401
 
-        if loader in ("ours", "ours-cpp"):
+        if loader.startswith("ours"):
             import shardloader  # noqa: F401
+        if loader in ("ours", "ours-uint8"):
+            try:  # the fused image path (shardloader[vision]): absent, "ours" runs as Gluon
+                import shardloader.vision  # noqa: F401
+            except ImportError:
+                pass
 
 
 def _record_count(rec_path: str) -> int:
@@ -651,10 +573,10 @@ def build(case: Case) -> Prepared:
         return _FACTORIES[case.loader](case, dataset)
 
     samples = _record_count(case.rec_path) if dataset is None else len(dataset)
-    # W5 inline has no workers to start, and one epoch takes seconds: its first epoch is
-    # timed (its first batch's one-off costs are a few ms of it). Anything with workers or
-    # threads, ImageRecordIter included, gets a whole warm-up epoch first.
-    warm = 0 if case.workload == "W5" and case.num_workers == 0 else 1
+    # W5 and W7 inline have no workers to start, and one epoch takes seconds: their first
+    # epoch is timed (its first batch's one-off costs are a few ms of it). Anything with
+    # workers or threads, ImageRecordIter included, gets a whole warm-up epoch first.
+    warm = 0 if case.workload in IMAGE_WORKLOADS and case.num_workers == 0 else 1
     return Prepared(factory, adapt, _checker(case), samples, warm)
 
 
