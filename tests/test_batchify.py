@@ -400,11 +400,18 @@ def test_default_batchify_converts_big_endian_arrays():
 # Mismatched shapes
 
 
+PAD_HINT = (
+    "Pad the samples to one shape with batchify_fn=batchify.Pad(pad_val=0) (for samples of "
+    "several fields, batchify.Tuple(batchify.Pad(pad_val=0), batchify.Stack())), or make them "
+    "one shape in the dataset."
+)
+
+
 def test_mismatched_numpy_shapes_name_the_sample_and_both_shapes():
     data = [np.zeros((3, 4))] * 3 + [np.zeros((3, 5))] + [np.zeros((3, 6))]
     expected = (
-        "cannot stack sample 3 of shape (3, 5) with sample 0 of shape (3, 4); "
-        "use batchify.Pad to pad variable-length samples"
+        f"{PAD_HINT}\nCannot stack the sample at batch position 3, of shape (3, 5), with the "
+        "one at batch position 0, of shape (3, 4): the samples of a batch must have one shape."
     )
     with pytest.raises(ValueError) as info:
         default_batchify_fn(data)
@@ -428,8 +435,8 @@ def test_mismatched_numpy_shapes_name_the_sample_and_both_shapes():
 )
 def test_mismatched_shapes(data, position, shape, first_shape):
     message = (
-        f"cannot stack sample {position} of shape {shape} with sample 0 of shape {first_shape}; "
-        "use batchify.Pad"
+        f"{PAD_HINT}\nCannot stack the sample at batch position {position}, of shape {shape}, "
+        f"with the one at batch position 0, of shape {first_shape}"
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no numpy warning about ragged sequences
@@ -440,13 +447,15 @@ def test_mismatched_shapes(data, position, shape, first_shape):
 def test_ragged_nested_lists_inside_samples():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(ValueError, match=r"sample 0 of shape \(2, None\): its nested lists"):
+        with pytest.raises(ValueError, match=r"position 0, of shape \(2, None\): its nested lists"):
             default_batchify_fn([[[1, 2], [3]], [[1, 2], [3]]])
 
 
 def test_mismatched_shapes_inside_a_tuple_field():
     data = [(np.zeros(4), 0), (np.zeros(4), 1), (np.zeros(5), 2)]
-    with pytest.raises(ValueError, match=re.escape("sample 2 of shape (5,) with sample 0")):
+    with pytest.raises(
+        ValueError, match=re.escape("position 2, of shape (5,), with the one at batch position 0")
+    ):
         default_batchify_fn(data)
 
 
@@ -610,11 +619,16 @@ def test_pad_matches_reference_on_random_samples():
 
 
 def test_pad_rejects_samples_that_differ_on_another_axis():
-    message = "Pad: cannot pad sample 2 of shape (3, 5) to sample 0 of shape (2, 4): only axis 0"
-    with pytest.raises(ValueError, match=re.escape(message)):
-        Pad()([np.zeros((2, 4)), np.zeros((1, 4)), np.zeros((3, 5))])
-    with pytest.raises(ValueError, match=re.escape("sample 1 of shape (2, 4, 1)")):
-        Pad()([np.zeros((2, 4)), np.zeros((2, 4, 1))])
+    message = (
+        "Pad: only axis 0 of the samples may differ; make the other axes one size in the "
+        "dataset, or pad another axis with Pad(axis=...).\nCannot pad the sample at batch "
+        "position 2, of shape (3, 5), to the one at batch position 0, of shape (2, 4)."
+    )
+    with pytest.raises(batchify.BatchifyShapeError) as info:
+        Pad(pad_val=0)([np.zeros((2, 4)), np.zeros((1, 4)), np.zeros((3, 5))])
+    assert str(info.value) == message
+    with pytest.raises(ValueError, match=re.escape("batch position 1, of shape (2, 4, 1)")):
+        Pad(pad_val=0)([np.zeros((2, 4)), np.zeros((2, 4, 1))])
 
 
 def test_pad_axis_out_of_range():

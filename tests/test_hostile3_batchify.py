@@ -86,3 +86,108 @@ def test_mx1_refuses_the_dtypes_its_arrays_cannot_hold(dtype):
         Stack(dtype=dtype)
     with pytest.raises(TypeError, match=rf"dtype {dtype}"):
         Tuple(Pad(pad_val=0))([(np.zeros(2, dtype),)])
+
+
+# ------------------------------------------------------------------ issue 24: stacking errors
+
+
+class OddOneOut:
+    """Sample i: an array of ``shape``, except sample 5's, whose axis ``axis`` is one longer;
+    with a label."""
+
+    def __init__(self, shape, axis=0) -> None:
+        self.shape, self.axis = tuple(shape), axis
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        shape = list(self.shape)
+        if i == 5:
+            shape[self.axis] += 1
+        return np.zeros(shape, np.uint8), i
+
+
+def _stacking_error(dataset, backend, **kwargs):
+    """The error a loader over ``dataset`` raises for the batch of indices [7, 2, 5, 0]."""
+    kwargs = dict(batch_sampler=[[7, 2, 5, 0]], **BACKENDS[backend], **kwargs)
+    with ShardedDataLoader(dataset, **kwargs) as loader, pytest.raises(ValueError) as info:
+        next(iter(loader))
+    return info.value
+
+
+def _own_message(error) -> str:
+    """The batchify error's own message: all of it inline, its last lines from a worker."""
+    text = str(error)
+    marker = "BatchifyShapeError: "
+    return text[text.rindex(marker) + len(marker) :] if marker in text else text
+
+
+@pytest.mark.mx2_smoke
+@pytest.mark.parametrize("backend", ["inline", "thread", "fork"])
+def test_images_of_two_sizes_name_the_dataset_index_and_say_resize_or_crop(backend, no_leaks):
+    """Issue 24: "cannot stack sample 1 of shape ..." counted samples by their position in
+    the batch and advised Pad, which would frame images in borders. The message now starts
+    with what to do and names the odd image by its dataset index."""
+    error = _stacking_error(OddOneOut((32, 40, 3)), backend)
+    message = _own_message(error)
+    first, second = message.splitlines()
+    assert first.startswith("Resize or crop the images to one size in the dataset's transform")
+    assert "transforms.Resize((40, 32)) or CenterCrop((40, 32))" in first  # (width, height)
+    assert "Pad" not in first
+    assert second == (
+        "Cannot stack the image (HWC) at dataset index 5, of shape (33, 40, 3), with the one "
+        "at dataset index 7, of shape (32, 40, 3): the samples of a batch must have one shape."
+    )
+    if backend == "inline":  # nothing before it: the user's line is the message's first
+        assert str(error).splitlines()[0] == first
+        assert error.__context__ is None  # numpy's refusal is not chained onto it
+
+
+def test_chw_images_are_resized_before_to_tensor(no_leaks):
+    message = _own_message(_stacking_error(OddOneOut((3, 24, 16), axis=2), "inline"))
+    assert "Resize((16, 24)) or CenterCrop((16, 24)) (sizes are (width, height), before " in (
+        message
+    )
+    assert "the image (CHW) at dataset index 5, of shape (3, 24, 17)" in message
+
+
+@pytest.mark.parametrize("backend", ["inline", "fork"])
+def test_other_samples_of_two_shapes_are_told_to_pad(backend, no_leaks):
+    message = _own_message(_stacking_error(OddOneOut((6,)), backend))
+    first, second = message.splitlines()
+    assert first.startswith("Pad the samples to one shape with batchify_fn=batchify.Pad(")
+    assert second.startswith(
+        "Cannot stack the sample at dataset index 5, of shape (7,), with the one at dataset "
+        "index 7, of shape (6,)"
+    )
+
+
+def test_sharded_steps_name_the_index_in_the_shards_batch(no_leaks):
+    dataset = OddOneOut((6,))
+    step = [[[0, 1], [7, 5]]]  # a batch sampler of steps: shard 1 holds sample 5
+    expected = r"sample at dataset index 5, .* dataset index 7,"
+    with ShardedDataLoader(dataset, batch_sampler=step) as loader, pytest.raises(
+        ValueError, match=expected
+    ):
+        next(iter(loader))
+
+
+def test_a_batchify_function_that_drops_samples_keeps_positions(no_leaks):
+    """Stack saw 3 samples of a batch of 4: dataset indices would name the wrong ones."""
+
+    def drop_first(samples):
+        return Stack()([data for data, _ in samples[1:]])
+
+    error = _stacking_error(OddOneOut((6,)), "inline", batchify_fn=drop_first)
+    assert "the sample at batch position 1, of shape (7,)" in str(error)
+    assert "dataset index" not in str(error)
+
+
+def test_pad_names_the_dataset_index_too(no_leaks):
+    fn = Tuple(Pad(axis=0, pad_val=0), Stack())
+    error = _stacking_error(OddOneOut((4, 2), axis=1), "inline", batchify_fn=fn)
+    assert str(error).startswith("Pad: only axis 0 of the samples may differ")
+    assert "the sample at dataset index 5, of shape (4, 3), to the one at dataset index 7" in (
+        str(error)
+    )

@@ -145,14 +145,24 @@ class BatchMaker:
         return self._make(indices, epoch, output)
 
     def _make(self, indices: Sequence, epoch: int, output: Callable[[], ContextManager]) -> Any:
-        batchify = self.batchify_fn
         if is_sharded(indices):
             shards = [self.samples(shard, epoch) for shard in indices]
             with output():
-                return [batchify(samples) for samples in shards]
+                return [self._batchify(samples, shard) for samples, shard in zip(shards, indices)]
         samples = self.samples(indices, epoch)
         with output():
-            return batchify(samples)
+            return self._batchify(samples, indices)
+
+    def _batchify(self, samples: List[Any], indices: Sequence) -> Any:
+        """``batchify_fn(samples)``; an error that can name the samples it is about by their
+        dataset indices (``name_samples``, as batchify's shape errors can) is told them."""
+        try:
+            return self.batchify_fn(samples)
+        except ValueError as exc:
+            name_samples = getattr(exc, "name_samples", None)
+            if callable(name_samples):
+                name_samples([int(i) for i in indices])
+            raise
 
 
 def _stop_iteration_guard(batchify_fn: Callable) -> Callable:

@@ -33,14 +33,14 @@ int16, uint16, uint32 and uint64 (``shardloader._compat.ARRAY_DTYPES`` asks MXNe
 from __future__ import annotations
 
 # The package's modules, from the bottom up: _arrays (samples as numpy arrays, dtypes, output
-# buffers), _checks (argument checks, BatchifyTypeError), _stack (stacking samples of one
+# buffers), _checks (argument checks, the errors), _stack (stacking samples of one
 # shape, Stack), _fields (Tuple, Group, List, AsList, Dict, NamedTuple), _default
 # (default_batchify_fn and MXNet 2.x's Stack), _pad (both Pads), _append (Append) and _gluon
 # (gluon_equivalent, is_native). Names imported ``as`` themselves are not in __all__ but the
 # rest of shardloader and the tests use them from here.
 from ._append import Append
 from ._checks import Batchify as Batchify
-from ._checks import BatchifyTypeError
+from ._checks import BatchifyShapeError, BatchifyTypeError
 from ._default import _FieldStack as _FieldStack
 from ._default import default_batchify_fn, default_mp_batchify_fn
 from ._fields import AsList, Dict, Group, List, NamedTuple, Tuple
@@ -63,5 +63,9 @@ __all__ = [
     "AsList",
     "Append",
     "BatchifyTypeError",
+    "BatchifyShapeError",
     "gluon_equivalent",
 ]
+
+# Tracebacks name the errors by the path users import them from, not by _checks.
+BatchifyTypeError.__module__ = BatchifyShapeError.__module__ = __name__

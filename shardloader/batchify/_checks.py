@@ -31,6 +31,66 @@ class BatchifyTypeError(TypeError, ValueError):
     """
 
 
+class BatchifyShapeError(ValueError):
+    """Samples of one batch whose shapes cannot go into one batch (a ``ValueError``).
+
+    The first line of the message says what to do (pad the samples; for images, resize or
+    crop them), the second which samples differ and their shapes. A loader names the
+    samples by their dataset indices ("the image at dataset index 5"); a batchify function
+    called directly names them by their position in the batch ("batch position 1").
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from shardloader.batchify import BatchifyShapeError, Stack
+    >>> try:
+    ...     Stack()([np.zeros(3), np.zeros(4)])
+    ... except BatchifyShapeError as exc:
+    ...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
+    Pad the samples to one shape with batchify_fn=batchify.Pad(pad_val=0) (for samples of
+    several fields, batchify.Tuple(batchify.Pad(pad_val=0), batchify.Stack())), or make them
+    one shape in the dataset.
+    Cannot stack the sample at batch position 1, of shape (4,), with the one at batch
+    position 0, of shape (3,): the samples of a batch must have one shape.
+    """
+
+    # The loader's BatchMaker knows the batch's dataset indices and calls name_samples as
+    # the error passes. Built from a message alone (as an error rebuilt from a worker is),
+    # it is just that message.
+
+    def __init__(
+        self, message: str, *, template: str = "", positions: tuple = (), count: int = 0
+    ) -> None:
+        super().__init__(message)
+        # template: the message, with {0}, {1}... where the samples at ``positions`` are named.
+        self._template, self._positions, self._count = template, tuple(positions), count
+
+    @classmethod
+    def about(cls, template: str, positions: tuple, count: int) -> BatchifyShapeError:
+        """The error for ``template`` (``{0}``, ``{1}``... name the samples at ``positions``
+        of a batch of ``count`` samples)."""
+        return cls(
+            _render(template, [f"batch position {p}" for p in positions]),
+            template=template,
+            positions=positions,
+            count=count,
+        )
+
+    def name_samples(self, indices: typing.Sequence) -> None:
+        """Name the samples by their dataset ``indices`` (those of the batch, in order).
+
+        Left as it is when the batch has another length than the samples that failed: a
+        batchify function that chose some of its samples would make the names wrong.
+        """
+        if self._template and len(indices) == self._count:
+            names = [f"dataset index {indices[p]}" for p in self._positions]
+            self.args = (_render(self._template, names),)
+
+
+def _render(template: str, names: typing.Sequence[str]) -> str:
+    return template.format(*names)
+
+
 def _describe(value) -> str:
     return f"{value!r} ({type(value).__name__})"
 

@@ -16,7 +16,14 @@ from ._arrays import (
     _is_array,
     _output_dtype,
 )
-from ._checks import _check_dtype, _describe, _is_flag, _is_int, _require_samples
+from ._checks import (
+    BatchifyShapeError,
+    _check_dtype,
+    _describe,
+    _is_flag,
+    _is_int,
+    _require_samples,
+)
 
 
 def _check_round_to(round_to, shown: typing.Callable[[typing.Any], str]) -> typing.Optional[int]:
@@ -149,10 +156,13 @@ class Pad:
             if len(shape) != len(first) or any(
                 a != b for i, (a, b) in enumerate(zip(shape, first)) if i != axis
             ):
-                raise ValueError(
-                    f"Pad: cannot pad sample {position} of shape {shape} to sample 0 of shape "
-                    f"{first}: only axis {axis} may differ"
+                template = (
+                    f"Pad: only axis {axis} of the samples may differ; make the other axes one "
+                    f"size in the dataset, or pad another axis with Pad(axis=...).\n"
+                    f"Cannot pad the sample at {{0}}, of shape {shape}, to the one at {{1}}, "
+                    f"of shape {first}."
                 )
+                raise BatchifyShapeError.about(template, (position, 0), len(arrays))
 
     def _batch_dtype(self, first_sample, arrays) -> np.dtype:
         found = np.result_type(*{a.dtype for a in arrays})

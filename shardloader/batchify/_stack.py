@@ -16,9 +16,16 @@ from ._arrays import (
     _is_array,
     _output_dtype,
 )
-from ._checks import _check_dtype, _describe, _require_samples
+from ._checks import BatchifyShapeError, _check_dtype, _describe, _require_samples
 
-_PAD_HINT = "use batchify.Pad to pad variable-length samples"
+# What to do with samples of different shapes: the first line of a stacking error.
+_PAD_HINT = (
+    "Pad the samples to one shape with batchify_fn=batchify.Pad(pad_val=0) (for samples of "
+    "several fields, batchify.Tuple(batchify.Pad(pad_val=0), batchify.Stack())), or make them "
+    "one shape in the dataset."
+)
+# Channel counts that make a 3-d array an image (grey, RGB, RGBA).
+_IMAGE_CHANNELS = (1, 3, 4)
 
 
 def _shape_of(x) -> tuple:
@@ -62,11 +69,41 @@ def _is_numeric_leaf(x) -> bool:
     return isinstance(x, numbers.Number) or _is_array(x)
 
 
-def _mismatch_error(position: int, shape, first_shape) -> ValueError:
-    return ValueError(
-        f"cannot stack sample {position} of shape {tuple(shape)} with sample 0 of shape "
-        f"{tuple(first_shape)}; {_PAD_HINT}"
+def _image_layout(shape: tuple, first_shape: tuple) -> typing.Optional[str]:
+    """``"HWC"`` or ``"CHW"`` when both shapes are images with one channel count that
+    differ in height or width only, else ``None``."""
+    if len(shape) != 3 or len(first_shape) != 3 or None in shape or None in first_shape:
+        return None
+    if shape[2] == first_shape[2] and shape[2] in _IMAGE_CHANNELS:
+        return "HWC"
+    if shape[0] == first_shape[0] and shape[0] in _IMAGE_CHANNELS:
+        return "CHW"
+    return None
+
+
+def _mismatch_error(position: int, shape, first_shape, count: int) -> BatchifyShapeError:
+    """The error for the sample at ``position`` whose shape is not sample 0's: the first
+    line says what to do (resize or crop images, pad anything else), the second which
+    samples differ."""
+    shape, first_shape = tuple(shape), tuple(first_shape)
+    layout = _image_layout(shape, first_shape)
+    if layout is None:
+        hint, what = _PAD_HINT, "sample"
+    else:
+        height, width = first_shape[:2] if layout == "HWC" else first_shape[1:]
+        size = f"({width}, {height})"
+        hint = (
+            f"Resize or crop the images to one size in the dataset's transform, e.g. with "
+            f"mxnet.gluon.data.vision.transforms.Resize({size}) or CenterCrop({size}) "
+            f"(sizes are (width, height){', before ToTensor' if layout == 'CHW' else ''}); "
+            f"padding would add borders."
+        )
+        what = f"image ({layout})"
+    template = (
+        f"{hint}\nCannot stack the {what} at {{0}}, of shape {shape}, with the one at {{1}}, "
+        f"of shape {first_shape}: the samples of a batch must have one shape."
     )
+    return BatchifyShapeError.about(template, (position, 0), count)
 
 
 def _check_same_shapes(samples) -> None:
@@ -75,12 +112,13 @@ def _check_same_shapes(samples) -> None:
     for position, sample in enumerate(samples):
         shape = _shape_of(sample) if position else first_shape
         if shape != first_shape:
-            raise _mismatch_error(position, shape, first_shape)
+            raise _mismatch_error(position, shape, first_shape, len(samples))
         if None in shape:
-            raise ValueError(
-                f"cannot stack sample {position} of shape {shape}: its nested lists differ in "
-                f"length; {_PAD_HINT}"
+            template = (
+                f"{_PAD_HINT}\nCannot stack the sample at {{0}}, of shape {shape}: its nested "
+                f"lists differ in length."
             )
+            raise BatchifyShapeError.about(template, (position,), len(samples))
 
 
 def _uniform_lists(data) -> bool:
@@ -119,11 +157,13 @@ def _stack_arrays(
     buf = _alloc.empty((len(views),) + views[0].shape[1:], dtype)
     try:
         np.concatenate(views, out=buf, casting="unsafe")
-    except ValueError:
+        return buf
+    except ValueError as exc:
         # numpy checks the shapes for us; only a failure pays for finding the culprit.
-        _check_same_shapes([v[0] for v in views])
-        raise
-    return buf
+        refused = exc
+    # Outside the except clause, so that numpy's message does not lengthen the traceback.
+    _check_same_shapes([v[0] for v in views])
+    raise refused
 
 
 def _stack_values(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.ndarray]:
@@ -139,10 +179,14 @@ def _stack_values(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.
         _check_same_shapes(data)
     try:
         values = np.asarray(data)
-    except ValueError:
+    except ValueError as exc:
+        refused = exc
+    else:
+        refused = None
+    if refused is not None:
         # numpy refuses some ragged inputs outright; say which sample it was.
         _check_same_shapes(data)
-        raise
+        raise refused
     found = values.dtype
     if found.kind in _NON_NUMERIC_KINDS:
         if found.kind == "O" and _is_numeric_leaf(_first_leaf(data)):
