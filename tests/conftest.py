@@ -6,8 +6,10 @@ from __future__ import annotations
 import gc
 import os
 import re
+import signal
 import threading
 import time
+from contextlib import contextmanager
 from multiprocessing import forkserver, resource_tracker
 
 import mxnet as mx
@@ -15,6 +17,7 @@ import psutil
 import pytest
 
 from shardloader._engine.ipc import lease
+from shardloader._engine.ipc.slots import SLOT_MEMFD_PATH
 
 # The suite runs under MXNet 1.9.1 (`make test`, the default) and 2.0.0b1 (`make test-mx2`).
 MX_VERSION = tuple(int(n) for n in re.findall(r"\d+", mx.__version__)[:2])
@@ -72,18 +75,127 @@ def pytest_report_header(config):
     return f"mxnet {mx.__version__}: {mode}"
 
 
+# (case, wall time in s, outcome) of each scenario program run (tests/test_scenarios.py).
+SCENARIO_TIMES = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # After every test, with the summary: printed between the dots, the table made the run
+    # look finished. Not with -q.
+    times = config.stash.get(SCENARIO_TIMES, None)
+    if not times or config.option.verbose < 0:
+        return
+    terminalreporter.write_sep("-", "scenario wall times")
+    for name, wall, outcome in times:
+        terminalreporter.write_line(f"{name:50s} {wall:6.1f} s  {outcome}")
+    terminalreporter.write_line(f"{'total':50s} {sum(t for _, t, _ in times):6.1f} s")
+
+
+@contextmanager
+def sigint_ignored():
+    """Start processes in the ``with`` block with SIGINT ignored, as a shell starts a
+    background job (``cmd &``): a program that relies on Ctrl-C must set its own handler."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 # How long the leak check waits for children, threads and memory to go away.
 _SETTLE_TIMEOUT_S = 10.0
-# Shmem is system-wide: allow for a little unrelated noise (in kB).
+# Shared memory of the test's own processes that is not shardloader's (MXNet's, Gluon's
+# loader's, Python's) may grow this much (in kB); shardloader's slots may not grow at all.
 _SHMEM_TOLERANCE_KB = 4096
+# What /proc names shared memory as: memfds (shardloader's slots among them), POSIX shared
+# memory, System V segments and anonymous shared mappings.
+_SHARED_MEMORY_PATHS = ("/memfd:", "/dev/shm/", "/SYSV", "/dev/zero")
 
 
-def shmem_kb() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("Shmem:"):
-                return int(line.split()[1])
-    return 0
+class SharedObject:
+    """One shared-memory object that a test's process maps or holds a descriptor of."""
+
+    __slots__ = ("name", "kb", "holders")
+
+    def __init__(self, name: str, kb: int) -> None:
+        self.name, self.kb, self.holders = name, kb, set()
+
+    @property
+    def ours(self) -> bool:
+        """Whether it is one of shardloader's slots."""
+        return self.name.startswith(SLOT_MEMFD_PATH)
+
+    def __repr__(self) -> str:
+        pids = ", ".join(map(str, sorted(self.holders)))
+        return f"{self.name} ({self.kb} kB, held by pid {pids})"
+
+
+def _shared_name(path: str) -> str:
+    return path[: -len(" (deleted)")] if path.endswith(" (deleted)") else path
+
+
+def _held_shared_memory(pid: int, found: dict) -> None:
+    """Add to ``found`` the shared memory that process ``pid`` has a descriptor of, keyed by
+    (device, inode): two processes holding one memfd hold its memory once."""
+    base = f"/proc/{pid}/fd"
+    for name in os.listdir(base):
+        try:
+            link = os.readlink(f"{base}/{name}")
+            if not link.startswith(_SHARED_MEMORY_PATHS):
+                continue
+            st = os.stat(f"{base}/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        obj = found.setdefault((st.st_dev, st.st_ino), SharedObject(_shared_name(link), 0))
+        obj.kb = max(obj.kb, st.st_blocks // 2)  # pages it holds, not its nominal size
+        obj.holders.add(pid)
+
+
+def _mapped_shared_memory(pid: int, found: dict) -> None:
+    """Add to ``found`` the shared memory that process ``pid`` maps."""
+    with open(f"/proc/{pid}/maps") as maps:
+        lines = [line.split(None, 5) for line in maps if " /" in line]
+    sizes: dict = {}
+    for fields in lines:
+        if len(fields) < 6 or not fields[5].startswith(_SHARED_MEMORY_PATHS):
+            continue
+        if fields[5].startswith("/dev/zero") and fields[1][3] != "s":
+            continue  # a private mapping of /dev/zero is ordinary memory
+        major, minor = (int(x, 16) for x in fields[3].split(":"))
+        key = (os.makedev(major, minor), int(fields[4]))
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        try:  # the pages the object holds (root, or a kernel that lets owners read it)
+            kb = os.stat(f"/proc/{pid}/map_files/{fields[0]}").st_blocks // 2
+        except OSError:
+            kb = sizes.get(key, 0) + (end - start) // 1024  # else what this process maps
+        sizes[key] = kb
+        obj = found.setdefault(key, SharedObject(_shared_name(fields[5].rstrip("\n")), 0))
+        obj.kb = max(obj.kb, kb)
+        obj.holders.add(pid)
+
+
+def shared_memory(pids=None) -> dict:
+    """The shared memory that processes ``pids`` (by default this one and its children) map
+    or hold a descriptor of: ``{(device, inode): SharedObject}``.
+
+    Unlike ``Shmem`` in ``/proc/meminfo``, which counts the whole machine's, it sees only
+    what the test made, so other programs' shared memory cannot fail a test.
+    """
+    if pids is None:
+        pids = [os.getpid()] + [p.pid for p in children()]
+    found: dict = {}
+    for pid in pids:
+        try:
+            _held_shared_memory(pid, found)
+            _mapped_shared_memory(pid, found)
+        except OSError:
+            continue  # the process exited meanwhile
+    return found
+
+
+def shmem_kb(pids=None) -> int:
+    """Shared memory, in kB, of this process and its children (``shared_memory``)."""
+    return sum(obj.kb for obj in shared_memory(pids).values())
 
 
 # The thread that polls MXNet's releases of our memory serves the whole process (like
@@ -134,6 +246,8 @@ def _warm_mxnet():
 
 
 class Snapshot:
+    """What a test's processes hold when it starts: ``problems()`` lists what it left."""
+
     def __init__(self) -> None:
         gc.collect()
         # What is alive now (modules, MXNet, fixtures) is set aside, so that each gc.collect()
@@ -143,7 +257,8 @@ class Snapshot:
         self.children = {p.pid for p in children()}
         self.threads = {t.ident for t in our_threads()}
         self.fds = open_fds()
-        self.shmem = shmem_kb()
+        self.shared = shared_memory()
+        self.shmem = sum(obj.kb for obj in self.shared.values())
         self.leases = outstanding_leases()
 
     def problems(self, check_shmem: bool = True):
@@ -162,13 +277,29 @@ class Snapshot:
         if fds > self.fds:
             out.append(f"open fds grew from {self.fds} to {fds}")
         if check_shmem:
-            shmem = shmem_kb()
-            if shmem > self.shmem + _SHMEM_TOLERANCE_KB:
-                out.append(f"Shmem grew from {self.shmem} kB to {shmem} kB")
+            out.extend(self.shared_memory_problems())
         return out
 
-    def settle(self, check_shmem: bool = True):
-        deadline = time.monotonic() + _SETTLE_TIMEOUT_S
+    def shared_memory_problems(self):
+        """Slots of shardloader's that the test's processes still map or hold, however small,
+        and other shared memory of theirs grown past the tolerance."""
+        shared = shared_memory()
+        out = []
+        slots = [obj for key, obj in shared.items() if obj.ours and key not in self.shared]
+        if slots:
+            out.append(f"shardloader slots left mapped or open: {slots}")
+        shmem = sum(obj.kb for obj in shared.values())
+        if shmem > self.shmem + _SHMEM_TOLERANCE_KB:
+            grown = [obj for key, obj in shared.items() if key not in self.shared]
+            grown.sort(key=lambda obj: -obj.kb)
+            out.append(
+                f"shared memory of this test's processes grew from {self.shmem} kB to "
+                f"{shmem} kB: {grown[:5]}"
+            )
+        return out
+
+    def settle(self, check_shmem: bool = True, timeout_s: float = _SETTLE_TIMEOUT_S):
+        deadline = time.monotonic() + timeout_s
         problems = self.problems(check_shmem)
         while problems and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -179,7 +310,7 @@ class Snapshot:
 @pytest.fixture
 def no_leaks():
     """Fail the test if it leaves a child process, one of our threads, an open fd or
-    shared memory behind."""
+    shared memory behind (its own processes' shared memory: ``shared_memory``)."""
     snap = Snapshot()
     yield snap
     problems = snap.settle()

@@ -11,7 +11,7 @@ interpreter exit fails it too. After each program the case checks
 that nothing it started is still running.
 
 Each case's wall time is recorded as the ``wall_s`` property (``--junitxml``) and printed in
-a table at the end of the module.
+a table after the run, with pytest's summary (not with ``-q``; conftest.py prints it).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import psutil
 import pytest
-from conftest import requires_mx1
+from conftest import SCENARIO_TIMES, requires_mx1
 
 # The programs run under MXNet 1.9.1 and 2.0.0b1 (tests/scenarios/_common.py has the few
 # helpers for what 2.x spells differently), except three that need what only 1.x has:
@@ -89,8 +89,6 @@ CASES = [
     case("exit_pending.py", "--workers", "process"),
 ]
 
-_TIMES = []
-
 
 def _session_processes(sid):
     """Live processes of session ``sid`` (the program and everything it started)."""
@@ -127,23 +125,8 @@ def _describe(procs):
     return out
 
 
-@pytest.fixture(scope="module")
-def _timing_table(request):
-    yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capture is None or not _TIMES:
-        return
-    with capture.global_and_fixture_disabled():
-        reporter.write_line("")
-        reporter.write_sep("-", "scenario wall times")
-        for name, wall, outcome in _TIMES:
-            reporter.write_line(f"{name:50s} {wall:6.1f} s  {outcome}")
-        reporter.write_line(f"{'total':50s} {sum(t for _, t, _ in _TIMES):6.1f} s")
-
-
 @pytest.mark.parametrize("script, args, deadline", CASES)
-def test_scenario(script, args, deadline, request, record_property, _timing_table):
+def test_scenario(script, args, deadline, request, record_property):
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
     env["SCENARIO_WATCHDOG_S"] = str(deadline - _WATCHDOG_MARGIN_S)
@@ -182,7 +165,7 @@ def test_scenario(script, args, deadline, request, record_property, _timing_tabl
     if outcome == "ok" and left_desc:
         outcome = "leaked"
     name = request.node.callspec.id
-    _TIMES.append((name, wall, outcome))
+    request.config.stash.setdefault(SCENARIO_TIMES, []).append((name, wall, outcome))
     record_property("wall_s", round(wall, 2))
     print(f"scenario {name}: {wall:.1f} s, {outcome}")
 
@@ -207,3 +190,51 @@ def test_scenario(script, args, deadline, request, record_property, _timing_tabl
         pytest.fail(f"{script} {' '.join(args)}: {how}{where}; its output:\n{tail}", pytrace=False)
     assert "SCENARIO OK" in output, f"no success line from {script}; its output:\n{tail}"
     assert not left_desc, f"processes left behind by {script}: {left_desc}\n{tail}"
+
+
+_TABLE_CONFTEST = """
+import importlib.util
+
+spec = importlib.util.spec_from_file_location("suite_conftest", {conftest!r})
+suite = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(suite)
+pytest_terminal_summary = suite.pytest_terminal_summary
+SCENARIO_TIMES = suite.SCENARIO_TIMES
+"""
+_TABLE_TESTS = """
+from conftest import SCENARIO_TIMES
+
+
+def test_one(request):
+    request.config.stash.setdefault(SCENARIO_TIMES, []).append(("one-case", 1.25, "ok"))
+
+
+def test_two():
+    pass
+"""
+
+
+@pytest.mark.timeout(120)
+def test_wall_times_are_printed_after_the_run_and_not_with_q(tmp_path):
+    """The table comes after the last test's dot, with the summary, so the run does not look
+    finished while it goes on; -q leaves it out."""
+    conftest = os.path.join(os.path.dirname(__file__), "conftest.py")
+    (tmp_path / "conftest.py").write_text(_TABLE_CONFTEST.format(conftest=conftest))
+    (tmp_path / "test_table.py").write_text(_TABLE_TESTS)
+
+    def pytest_output(*options):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *options, "test_table.py"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    out = pytest_output()
+    assert "scenario wall times" in out, out
+    assert out.index("scenario wall times") > out.index("test_table.py .."), out
+    assert "one-case" in out and "1.2 s  ok" in out, out
+    assert "scenario wall times" not in pytest_output("-q")
