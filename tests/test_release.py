@@ -20,6 +20,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from _backends import BACKENDS
+from conftest import sigint_ignored
 
 from shardloader._engine.ipc import bufferpool
 from shardloader._engine.ipc import lease as _lease
@@ -127,6 +128,9 @@ def test_exit_while_mxnet_still_reads_a_batch(how):
 
 _CTRL_C = """
     import os, random, signal, threading, time
+    # Ctrl-C must raise KeyboardInterrupt here even when the caller ignores SIGINT (a shell's
+    # background job starts its programs so, and Python then installs no handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import numpy as np
     from mxnet import autograd, gluon
     from mxnet.gluon.data import ArrayDataset
@@ -180,13 +184,14 @@ def test_first_ctrl_c_always_interrupts_the_training_loop():
     KeyboardInterrupt at once: none is swallowed in a deleter callback."""
     attempts = 25
     env = dict(os.environ, ATTEMPTS=str(attempts))
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CTRL_C)],
-        capture_output=True,
-        text=True,
-        timeout=_DEADLINE_S,
-        env=env,
-    )
+    with sigint_ignored():  # the harder caller: the program must set its own handler
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(_CTRL_C)],
+            capture_output=True,
+            text=True,
+            timeout=_DEADLINE_S,
+            env=env,
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"interrupts {attempts}" in proc.stdout
     assert "Exception ignored" not in proc.stderr, proc.stderr

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from _backends import backends
 from _datasets import ExitingDataset, FailingDataset, RangeDataset, SleepyDataset
-from conftest import without_mxnet_banner
+from conftest import sigint_ignored, without_mxnet_banner
 
 from shardloader import (
     ClosedIteratorError,
@@ -265,8 +265,13 @@ def test_interpreter_exit_while_workers_are_busy():
 
 
 def test_ctrl_c_raises_keyboard_interrupt_without_worker_tracebacks():
-    proc = _run_script(
-        """
+    with sigint_ignored():  # the harder caller: the program must set its own handler
+        proc = _run_script(
+            """
+        import signal
+        # Ctrl-C must raise KeyboardInterrupt even when the caller ignores SIGINT (a shell's
+        # background job starts its programs so, and Python then installs no handler).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         loader = ShardedDataLoader(SleepyDataset(64, bad=9, seconds=30, flag_file="/"),
                                    batch_size=4, num_workers=2)
         it = iter(loader)
@@ -275,8 +280,8 @@ def test_ctrl_c_raises_keyboard_interrupt_without_worker_tracebacks():
         for batch in it:
             pass
     """,
-        start_new_session=True,
-    )
+            start_new_session=True,
+        )
     pids = [int(p) for p in proc.stdout.readline().split()]
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # like a terminal: the whole process group
