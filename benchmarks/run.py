@@ -8,8 +8,9 @@ round, keeps a burst of load on a shared machine from deciding a ratio.
 
 Examples
 --------
-    python -m benchmarks.run                   # the full run (about 10 minutes on 2 cores)
-    python -m benchmarks.run --quick           # a smoke run in about two minutes
+    python -m benchmarks.run                   # the full run (about 11 minutes on 2 cores)
+    python -m benchmarks.run --quick           # a smoke run in two to three minutes
+    python -m benchmarks.run --quick --workloads W5   # one workload: about a minute
     python -m benchmarks.run --workloads W1,W3 --reps 5
     python -m benchmarks.run --workloads W5,STACK --quick
     python -m benchmarks.run --publish         # also update docs/benchmarks.md and its plot
@@ -60,7 +61,7 @@ _OUTPUTS = {
 
 _HEADLINE_REPS = 5
 _REPS = 3
-_BUDGET_S = 720.0  # stop adding rounds beyond the minimum past this (make bench: ~10 min)
+_BUDGET_S = 660.0  # no rounds past the minimum beyond this (make bench: about 11 minutes)
 _RUN_TIMEOUT_S = 180.0
 _W3_TARGET_S = 1e-3
 # Not a loader workload: the NDArray stacking micro-benchmark (benchmarks.micro).

@@ -621,3 +621,25 @@ def test_a_saved_run_reports_again_byte_for_byte(tmp_path, fonts_loaded):
         signal.signal(signal.SIGTERM, handler)
     for name in ("results.md", "throughput.png"):
         assert (again / name).read_bytes() == (first / name).read_bytes(), name
+
+
+def test_the_page_matches_the_report_generator():
+    """docs/benchmarks.md: results before "Reproduce", and each published block's tables
+    have the generator's headers (no tracker numbers, no internal loader names)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    headings = re.findall(r"^## (.+)$", page, flags=re.M)
+    assert headings.index("Results") < headings.index("Reproduce")
+    cells, runs, _ = _image_runs()
+    generated = tables.markdown(
+        cells,
+        summary.summarise(cells, runs),
+        targets.check_targets(summary.summarise(cells, runs), summary.comparisons(runs)),
+        _MACHINE,
+        _META,
+    )
+    target_header = next(line for line in generated.splitlines() if line.startswith("| target"))
+    for section in ("results", "results-mx2"):
+        start, end = report.markers(section)
+        block = page[page.index(start) : page.index(end)]
+        assert target_header in block, section
+        assert "issue" not in block and "| ours |" not in block, section
