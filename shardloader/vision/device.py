@@ -59,11 +59,13 @@ def _affine(batch: Any, mul: np.ndarray, add: np.ndarray) -> Any:
     import mxnet as mx
 
     device = device_of(batch)
-    make = mx.nd.array if isinstance(batch, mx.nd.NDArray) else mx.np.array
+    # 2.x's mx.np.ndarray is also an mx.nd.NDArray: ask for it first.
+    legacy = not (hasattr(mx, "np") and isinstance(batch, mx.np.ndarray))
+    make = mx.nd.array if legacy else mx.np.array
     shape = (1, len(mul), 1, 1)
     mul_a = to_device(make(mul.astype(np.float32).reshape(shape), dtype="float32"), device)
     add_a = to_device(make(add.astype(np.float32).reshape(shape), dtype="float32"), device)
     values = batch.astype("float32")
-    if isinstance(batch, mx.nd.NDArray):
+    if legacy:
         return mx.nd.broadcast_add(mx.nd.broadcast_mul(values, mul_a), add_a)
     return values * mul_a + add_a

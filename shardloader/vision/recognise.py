@@ -93,6 +93,8 @@ def _geometric(t: Any, T: Any) -> Optional[Any]:
         size, scale, ratio, interp = t._args
         return _ops.RandomResizedCrop(size, scale, ratio, interp)
     if kind is getattr(T, "CropResize", None):
+        if t._size is not None and t._interpolation is None:
+            raise _Unfused("CropResize with a size and interpolation=None (Gluon refuses it)")
         return _ops.FixedCrop((t._x, t._y, t._width, t._height), t._size, t._interpolation or 1)
     if kind in (T.RandomFlipLeftRight, T.RandomFlipTopBottom):
         return _ops.Flip(1 if kind is T.RandomFlipLeftRight else 0, getattr(t, "p", 0.5))
