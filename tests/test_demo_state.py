@@ -119,7 +119,7 @@ def test_names_outside_the_folder_are_refused_and_nothing_is_deleted(tmp_path, k
         ("{not json", "cannot be read"),
         ("[1, 2]", "holds a list, not an object"),
         (
-            json.dumps({"version": 1, "config": CONFIG, "files": {"params": "model-e0-b1.params"}}),
+            json.dumps({"version": 2, "config": CONFIG, "files": {"params": "model-e0-b1.params"}}),
             "'files' must map",
         ),
     ],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from functools import partial
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
@@ -25,7 +26,7 @@ from .. import ShardedDataLoader
 from .._compat import DeviceType, to_device
 from ..recordio import ImageRecordDataset
 from .demo_data import CLASSES, IMAGE_SIZE, prepare
-from .demo_state import Checkpoint
+from .demo_state import Checkpoint, UnsafeFolder
 
 __all__ = ["run"]
 
@@ -33,6 +34,11 @@ NUM_SHARDS = 2
 # Largest shift of the random crop, in pixels.
 _MAX_SHIFT = 3
 _MEAN, _STD = 0.4, 0.25
+# Progress bars' size where the terminal reports none (a pipe, or a pty that says 0 x 0).
+_FALLBACK_COLUMNS, _FALLBACK_ROWS = 100, 24
+# Data stall (share of the training time spent waiting for a batch) judged good below the
+# first bound, poor above the second.
+_GOOD_STALL, _POOR_STALL = 0.05, 0.20
 
 
 class Augment:
@@ -99,13 +105,19 @@ def _make_trainer(net: gluon.Block) -> gluon.Trainer:
     return gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 3e-3})
 
 
+def make_dataset(path: str, train: bool) -> Any:
+    """The demo's dataset over the RecordIO file ``path``, with its transform (``Augment``):
+    the one place both loaders get their samples from."""
+    return ImageRecordDataset(path, transform=Augment(train))
+
+
 def _shard_loader(
     path: str, train: bool, args: argparse.Namespace, ctx: List[DeviceType]
 ) -> ShardedDataLoader:
     # The held-out set ends with a step of 1 shard, which the loader's own ctx placement
     # refuses ("the step has 1 shards but 2 contexts"), so evaluate() places its shards.
     return ShardedDataLoader(
-        ImageRecordDataset(path, transform=Augment(train)),
+        make_dataset(path, train),
         batch_size=args.batch_size,
         shuffle=train,
         # Every training step has both shards; the held-out set keeps its last images.
@@ -149,20 +161,45 @@ class _StallClock:
         return self.waited / max(time.perf_counter() - self.begin, 1e-9)
 
 
+def progress_bar(total: int, desc: str, unit: str = "batch") -> tqdm:
+    """A ``tqdm`` bar that follows the terminal's size, or keeps a fixed one (``COLUMNS``,
+    else 100 wide) where there is no terminal or it reports no size: tqdm would then draw
+    nothing (it hides bars below the terminal's last row, which is -1 there)."""
+    try:
+        columns, lines = os.get_terminal_size(sys.stderr.fileno())
+    except (AttributeError, ValueError, OSError):  # no stderr, or not a terminal
+        columns = lines = 0
+    if columns > 0 and lines > 0:
+        size: Dict[str, Any] = {"dynamic_ncols": True}
+    else:
+        given = os.environ.get("COLUMNS", "")
+        width = int(given) if given.isdigit() and int(given) > 0 else _FALLBACK_COLUMNS
+        size = {"ncols": width, "nrows": _FALLBACK_ROWS}
+    return tqdm(total=total, desc=desc, unit=unit, leave=True, **size)
+
+
 class _Epoch:
-    """One pass of training over ``steps``, with a progress bar of samples/s, loss and the
-    data stall; counts the samples it trained on."""
+    """One pass of training over ``steps``, with a progress bar that counts batches (the unit
+    of ``--stop-after-batches``: one batch of ``NUM_SHARDS`` shards a training step), and
+    shows images/s, loss and the data stall; counts the samples it trained on."""
 
     def __init__(self, net, trainer, stall: Callable[[], float], desc: str, total: int) -> None:
         self.net, self.trainer, self.stall = net, trainer, stall
         self.loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-        self.bar = tqdm(total=total, desc=desc, unit="img", dynamic_ncols=True, leave=True)
+        self.bar = progress_bar(total, desc)
         self.samples = 0
 
     def run(self, steps: Iterable[List[Any]], limit: Optional[int] = None, done: int = 0) -> int:
         """Train on ``steps``; stop after ``limit`` of them. Returns the steps taken."""
+        try:
+            return self._run(steps, limit, done)
+        finally:
+            self.bar.close()
+
+    def _run(self, steps: Iterable[List[Any]], limit: Optional[int], done: int) -> int:
         self.bar.update(done)
         taken = 0
+        begin = time.perf_counter()
         for step in steps:
             with autograd.record():
                 losses = [self.loss_fn(self.net(x), y) for x, y in step]
@@ -173,12 +210,15 @@ class _Epoch:
             # data-stall figure measures the loader and not MXNet's asynchronous queue.
             loss = sum(part.sum().asnumpy().item() for part in losses) / count
             self.samples += count
-            self.bar.set_postfix(loss=f"{loss:.3f}", stall=f"{self.stall():.0%}", refresh=False)
-            self.bar.update(count)
+            rate = self.samples / max(time.perf_counter() - begin, 1e-9)
+            self.bar.set_postfix_str(
+                f"{rate:.0f} img/s, loss {loss:.3f}, data stall {self.stall():.0%}",
+                refresh=False,
+            )
+            self.bar.update(1)
             taken += 1
             if limit is not None and taken >= limit:
                 break
-        self.bar.close()
         return taken
 
 
@@ -198,15 +238,44 @@ def _format_stats(stats: Dict[str, Any]) -> List[str]:
     busy = ", ".join(f"worker {w} {s:.2f} s" for w, s in sorted(stats["worker_busy_s"].items()))
     first = stats["first_batch_s"]
     return [
-        f"  steps:           {stats['batches']} ({NUM_SHARDS} shards each), "
-        f"{stats['bytes'] / 1e6:.1f} MB of batches",
+        f"  batches:         {stats['batches']} ({NUM_SHARDS} shards each, one per training "
+        f"step), {stats['bytes'] / 1e6:.1f} MB",
         f"  waited for data: {stats['wait_s']:.2f} s of {stats['wall_s']:.2f} s "
         f"(data stall {stats['data_stall']:.1%})",
-        f"  first step:      {'-' if first is None else f'{first * 1e3:.0f} ms'} wait",
+        f"  first batch:     {'-' if first is None else f'{first * 1e3:.0f} ms'} wait",
         f"  worker busy:     {busy or 'none (num_workers=0)'}",
-        f"  reorder buffer:  at most {stats['max_reorder_depth']} batches waited for "
-        f"an earlier one",
+        f"  kept in order:   at most {stats['max_reorder_depth']} finished batches waited "
+        f"for an earlier, slower one",
     ]
+
+
+def stall_advice(stall: float, num_workers: int, cores: Optional[int] = None) -> str:
+    """Whether a data stall (the share of training time spent waiting for the next batch) is
+    good or bad for this run, and what to change.
+
+    Examples
+    --------
+    >>> stall_advice(0.01, 2).split(":")[0]
+    'good'
+    >>> "--num-workers 4" in stall_advice(0.5, 2, cores=8)
+    True
+    """
+    cores = cores or os.cpu_count() or 1
+    share = f"the training waited for data {stall:.0%} of the time"
+    if stall < _GOOD_STALL:
+        return f"good: {share}; the model, not the data loading, sets the pace"
+    verdict = "fair" if stall < _POOR_STALL else "poor"
+    if num_workers == 0:
+        change = "run --num-workers 2, so that decoding and augmenting run beside the training"
+    elif num_workers + 1 < cores:  # one core stays with the training loop
+        more = min(num_workers * 2, cores - 1)
+        change = f"try --num-workers {more}: more images are decoded and augmented at once"
+    else:
+        change = (
+            f"the {num_workers} workers and the training loop already use the {cores} cores: "
+            f"a cheaper transform or a machine with more cores would help, more workers not"
+        )
+    return f"{verdict}: {share}; {change}"
 
 
 def _data_stall(loader: ShardedDataLoader) -> float:
@@ -223,7 +292,10 @@ def _resume(args, ckpt: Checkpoint, net, trainer, loader, ctx) -> int:
     if epoch >= args.epochs:
         print(f"--resume: all {args.epochs} epochs are done; evaluating")
     else:
-        print(f"--resume: continuing from {ckpt.directory} at epoch {epoch + 1}, step {done}")
+        print(
+            f"--resume: continuing from {ckpt.directory} at epoch {epoch + 1}, step {done} "
+            f"(after batch {done} of {len(loader)})"
+        )
     return done
 
 
@@ -232,16 +304,15 @@ def _train_shardloader(args, data, ctx, ckpt: Checkpoint) -> Dict[str, Any]:
     trainer = _make_trainer(net)
     loader = _shard_loader(data["train"], True, args, ctx)
     done = _resume(args, ckpt, net, trainer, loader, ctx) if args.resume else 0
-    per_step = NUM_SHARDS * args.batch_size
     limit, train_s, samples = args.stop_after_batches, 0.0, 0
     with loader:
         # After load_state_dict() the loader knows which epoch comes next.
         for epoch in range(loader.state_dict()["epoch"], args.epochs):
             loader.reset_stats()
             desc = f"epoch {epoch + 1}/{args.epochs}"
-            run = _Epoch(net, trainer, partial(_data_stall, loader), desc, len(loader) * per_step)
+            run = _Epoch(net, trainer, partial(_data_stall, loader), desc, len(loader))
             start = time.perf_counter()
-            taken = run.run(loader, limit, done * per_step)
+            taken = run.run(loader, limit, done)
             train_s += time.perf_counter() - start
             samples, done = samples + run.samples, 0
             ckpt.save(net, trainer, loader)
@@ -259,7 +330,7 @@ def _train_shardloader(args, data, ctx, ckpt: Checkpoint) -> Dict[str, Any]:
 def _train_gluon(args, data, ctx) -> Dict[str, Any]:
     net = build_net(len(CLASSES), ctx, args.seed)
     trainer = _make_trainer(net)
-    dataset = ImageRecordDataset(data["train"], transform=Augment(True))
+    dataset = make_dataset(data["train"], True)
     loader = gluon.data.DataLoader(
         dataset,
         batch_size=NUM_SHARDS * args.batch_size,
@@ -271,7 +342,7 @@ def _train_gluon(args, data, ctx) -> Dict[str, Any]:
     train_s, samples = 0.0, 0
     for epoch in range(args.epochs):
         desc = f"epoch {epoch + 1}/{args.epochs} (gluon)"
-        run = _Epoch(net, trainer, clock.stall, desc, len(loader) * NUM_SHARDS * args.batch_size)
+        run = _Epoch(net, trainer, clock.stall, desc, len(loader))
         start = time.perf_counter()
         run.run(clock.wrap(_gluon_steps(loader, ctx)))
         train_s += time.perf_counter() - start
@@ -289,8 +360,16 @@ def run(args: argparse.Namespace) -> int:
     Returns
     -------
     int
-        The process exit code.
+        The process exit code: 0, or 2 when the cache folder is not safe to use.
     """
+    try:
+        return _run(args)
+    except UnsafeFolder as exc:
+        print(f"shardloader demo: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     wall = time.perf_counter()
     ctx = [mx.cpu(i) for i in range(NUM_SHARDS)]
     print(
@@ -307,26 +386,54 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"training: ShardedDataLoader(num_workers={args.num_workers}, num_shards={NUM_SHARDS}, "
         f"ctx={ctx}, seed={args.seed}),\n"
-        f"          {args.batch_size} images per shard, decoded from RecordIO and augmented "
-        f"{'in the workers' if args.num_workers else 'in the training loop'}"
+        f"          batches of {NUM_SHARDS} shards of {args.batch_size} images, decoded from "
+        f"RecordIO and augmented {'in the workers' if args.num_workers else 'in the training loop'}"
     )
     ckpt = Checkpoint(os.path.join(args.cache_dir, "checkpoint"), _config(args))
-    result = _train_shardloader(args, data, ctx, ckpt)
+    print(
+        "A checkpoint is saved at the end of each epoch; after Ctrl-C, run the same command "
+        "with --resume to continue from it."
+    )
+    try:
+        result = _train_shardloader(args, data, ctx, ckpt)
+    except KeyboardInterrupt:
+        print(_after_interrupt(ckpt), file=sys.stderr, flush=True)
+        raise
     if "stopped" in result:
         epoch, consumed = result["stopped"]
         print(
-            f"Stopped after {consumed} steps of epoch {epoch + 1} (--stop-after-batches, a "
+            f"Stopped after {consumed} batches of epoch {epoch + 1} (--stop-after-batches, a "
             f"simulated crash). Checkpoint saved in {ckpt.directory}.\n"
             f"Run the same command with --resume instead of --stop-after-batches to continue "
-            f"from this step."
+            f"from batch {consumed + 1}."
         )
         return 0
-    _report(result)
+    _report(result, args.num_workers)
     if args.gluon:
         print("\nThe same training with mxnet.gluon.data.DataLoader + split_and_load:")
         _compare(result, _train_gluon(args, data, ctx))
+    else:
+        print(
+            "\nTo time the same training with mxnet.gluon.data.DataLoader + split_and_load, "
+            "side by side, run again with --gluon."
+        )
     print(f"\ntotal time {time.perf_counter() - wall:.1f} s")
     return 0
+
+
+def _after_interrupt(ckpt: Checkpoint) -> str:
+    """What a Ctrl-C leaves, and how to go on from it."""
+    position = ckpt.saved_position()
+    if position is None:
+        return (
+            "\nInterrupted before the first checkpoint (saved at the end of each epoch): "
+            "--resume would start over."
+        )
+    return (
+        f"\nInterrupted. The last checkpoint, in {ckpt.directory}, is at epoch "
+        f"{position['epoch'] + 1}, after batch {position['consumed']}: run the same command "
+        f"with --resume to continue from there."
+    )
 
 
 def _config(args: argparse.Namespace) -> Dict[str, Any]:
@@ -348,7 +455,7 @@ def _accuracy_line(result: Dict[str, Any]) -> str:
     )
 
 
-def _report(result: Dict[str, Any]) -> None:
+def _report(result: Dict[str, Any], num_workers: int) -> None:
     print(_accuracy_line(result))
     if result["samples"]:
         print(
@@ -357,6 +464,7 @@ def _report(result: Dict[str, Any]) -> None:
         )
         print("loader stats, last epoch (loader.stats()):")
         print("\n".join(_format_stats(result["stats"])))
+        print(f"data stall: {stall_advice(result['stats']['data_stall'], num_workers)}")
 
 
 def _compare(ours: Dict[str, Any], theirs: Dict[str, Any]) -> None:

@@ -4,16 +4,21 @@ Nothing is downloaded. ``generate_shapes`` draws the images from a fixed seed, s
 machine gets the same pixels, and ``prepare`` packs them with
 ``shardloader.recordio.pack_images`` into a cache directory that later runs reuse. A small
 ``manifest.json``, written last, records what the cache holds; a missing file, a changed size
-or a different format version makes ``prepare`` rebuild it.
+or a different format version makes ``prepare`` rebuild it. The cache must be a folder of the
+user's own that others cannot write to (``demo_state.check_own_folder``), and every file is
+written under an unpredictable name, created exclusively, then moved into place.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
+
+from .demo_state import make_own_folder
 
 __all__ = ["CLASSES", "IMAGE_SIZE", "DATA_SEED", "generate_shapes", "prepare", "DemoData"]
 
@@ -159,14 +164,19 @@ def prepare(
     -------
     DemoData
         ``{"train": path, "test": path}`` to the ``.rec`` files, with ``rebuilt`` set.
+
+    Raises
+    ------
+    demo_state.UnsafeFolder
+        When ``cache_dir`` is not the user's own, or others can write to it.
     """
     from ..recordio import pack_images
 
+    make_own_folder(cache_dir, "cache folder")
     expected = _expected(train_size, test_size)
     data = DemoData(train=_files(cache_dir, "train")[0], test=_files(cache_dir, "test")[0])
     if _cache_is_valid(cache_dir, expected):
         return data
-    os.makedirs(cache_dir, exist_ok=True)
     manifest_path = os.path.join(cache_dir, MANIFEST)
     if os.path.exists(manifest_path):
         os.remove(manifest_path)  # stale: it must not vouch for a half-written cache
@@ -177,9 +187,14 @@ def prepare(
         rec, idx = pack_images(data[split], images, labels, progress=progress)
         for path in (rec, idx):
             file_bytes[os.path.basename(path)] = os.path.getsize(path)
-    tmp = f"{manifest_path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({**expected, "file_bytes": file_bytes}, f, indent=1)
-    os.replace(tmp, manifest_path)
+    # An unpredictable name, created exclusively: a link planted in the folder is not followed.
+    fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST}.", suffix=".tmp", dir=cache_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({**expected, "file_bytes": file_bytes}, f, indent=1)
+        os.replace(tmp, manifest_path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     data.rebuilt = True
     return data

@@ -8,21 +8,37 @@ The names in ``state.json`` are read back, and the next save deletes the files t
 they are trusted only when they are the file names this module writes
 (``model-e<epoch>-b<step>.params`` and ``trainer-e<epoch>-b<step>.states``): plain names in
 the checkpoint folder, never a path that leads out of it.
+
+The trainer states are pickles (``Trainer.load_states`` unpickles them), so loading one runs
+whatever code it holds. The demo therefore works only in folders that are the user's own and
+that no one else can write to (``check_own_folder``), creates every file under an
+unpredictable name with ``O_EXCL`` before moving it into place, and records each file's
+SHA-256 in ``state.json``: a file that does not match is never loaded.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import stat
 import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .._compat import DeviceType
 
-__all__ = ["Checkpoint", "CheckpointMismatch", "CheckpointCorrupt"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointMismatch",
+    "CheckpointCorrupt",
+    "UnsafeFolder",
+    "check_own_folder",
+    "make_own_folder",
+]
 
-_VERSION = 1
+# 2: each file's SHA-256 is recorded, and checked before the file is loaded.
+_VERSION = 2
 _STATE = "state.json"
 # The only file names a checkpoint's state.json may hold, per kind of file.
 _FILE_NAMES = {
@@ -39,6 +55,94 @@ class CheckpointMismatch(ValueError):
 class CheckpointCorrupt(CheckpointMismatch):
     """``state.json`` is not a checkpoint this module wrote: unreadable, or naming files that
     are not checkpoint files in the checkpoint folder."""
+
+
+class UnsafeFolder(ValueError):
+    """A folder the demo reads or writes is not the user's own, or others can write to it."""
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def check_own_folder(path: str, role: str) -> None:
+    """Refuse ``path`` unless it is a directory of the current user that only the user can
+    write to, in a parent that others cannot rename it out of.
+
+    Parameters
+    ----------
+    path : str
+        The folder.
+    role : str
+        What it is for, for the message (``"cache folder"``, ``"checkpoint folder"``).
+
+    Raises
+    ------
+    UnsafeFolder
+        Naming the folder, what is wrong with it and what to do.
+    """
+    st = os.stat(path)
+    me = os.geteuid()
+    why = (
+        "another user could plant files in it, and the demo loads trainer states from it, "
+        "which are pickles: loading a planted one would run its code as you"
+    )
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFolder(f"the {role} {path} is not a directory; pass another --cache-dir")
+    if st.st_uid != me:
+        raise UnsafeFolder(
+            f"the {role} {path} belongs to {_owner(st.st_uid)}, not to you ({_owner(me)}): "
+            f"{why}. Pass a --cache-dir of your own"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeFolder(
+            f"the {role} {path} can be written by others (mode {stat.filemode(st.st_mode)}): "
+            f"{why}. Run `chmod go-w {path}`, or pass a --cache-dir of your own"
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    pst = os.stat(parent)
+    if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
+        raise UnsafeFolder(
+            f"the {role} {path} is in {parent}, which anyone can write to without the sticky "
+            f"bit (mode {stat.filemode(pst.st_mode)}), so another user could replace it: "
+            f"{why}. Pass a --cache-dir elsewhere"
+        )
+
+
+def make_own_folder(path: str, role: str) -> None:
+    """Create ``path`` (only its owner may enter it) if it is missing, then
+    ``check_own_folder``."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    check_own_folder(path, role)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_new(directory: str, name: str, write: Callable[[str], None]) -> str:
+    """Have ``write(path)`` fill a file created exclusively under an unpredictable name, then
+    move it to ``name``; return its SHA-256."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    try:
+        os.close(fd)
+        write(tmp)  # MXNet opens the file by name: the one mkstemp made, no planted link
+        digest = _sha256(tmp)
+        os.replace(tmp, os.path.join(directory, name))
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    return digest
 
 
 class Checkpoint:
@@ -67,17 +171,27 @@ class Checkpoint:
         CheckpointCorrupt
             When the ``state.json`` already in the folder is damaged or names files outside
             it; nothing is written or deleted then.
+        UnsafeFolder
+            When the folder is not the user's own, or others can write to it.
         """
-        os.makedirs(self.directory, exist_ok=True)
+        make_own_folder(self.directory, "checkpoint folder")
         old = self._read()
         # Checked before anything is written, and before any of them is deleted.
         old_files = None if old is None else self._files(old)
         position = loader.state_dict()
         tag = f"e{int(position['epoch'])}-b{int(position['consumed'])}"
         files = {"params": f"model-{tag}.params", "trainer": f"trainer-{tag}.states"}
-        net.save_parameters(self._path(files["params"]))
-        trainer.save_states(self._path(files["trainer"]))
-        state = {"version": _VERSION, "config": self.config, "files": files, "loader": position}
+        sha256 = {
+            "params": _write_new(self.directory, files["params"], net.save_parameters),
+            "trainer": _write_new(self.directory, files["trainer"], trainer.save_states),
+        }
+        state = {
+            "version": _VERSION,
+            "config": self.config,
+            "files": files,
+            "sha256": sha256,
+            "loader": position,
+        }
         # An unpredictable name, created exclusively: nothing planted in the folder is followed.
         fd, tmp = tempfile.mkstemp(prefix=f".{_STATE}.", suffix=".tmp", dir=self.directory)
         try:
@@ -142,17 +256,19 @@ class Checkpoint:
         CheckpointMismatch
             When the checkpoint was saved with a different configuration.
         CheckpointCorrupt
-            When ``state.json`` is damaged or names files outside the checkpoint folder.
+            When ``state.json`` is damaged, names files outside the checkpoint folder, or a
+            file's SHA-256 differs from the one recorded when the demo wrote it.
+        UnsafeFolder
+            When the folder is not the user's own, or others can write to it.
         """
+        if not os.path.lexists(self.directory):
+            return None
+        check_own_folder(self.directory, "checkpoint folder")
         state = self._read()
         if state is None:
             return None
-        if state.get("version") != _VERSION:
-            raise CheckpointMismatch(
-                f"{self._path(_STATE)} has format version {state.get('version')!r}, "
-                f"expected {_VERSION}; run without --resume to start over"
-            )
-        saved = state.get("config", {})
+        saved = state.get("config")
+        saved = saved if isinstance(saved, dict) else {}
         changed = [k for k in self.config if saved.get(k) != self.config[k]]
         if changed:
             details = ", ".join(f"{k}: {saved.get(k)!r} -> {self.config[k]!r}" for k in changed)
@@ -160,8 +276,42 @@ class Checkpoint:
                 f"the checkpoint in {self.directory} was made with other options ({details}); "
                 f"use the same options, or run without --resume to start over"
             )
+        if state.get("version") != _VERSION:
+            raise CheckpointMismatch(
+                f"{self._path(_STATE)} has format version {state.get('version')!r}, "
+                f"expected {_VERSION}; run without --resume to start over"
+            )
         files = self._files(state)
+        self._verify(state, files)
         net.load_parameters(self._path(files["params"]), ctx)  # 2.x calls it device=
-        trainer.load_states(self._path(files["trainer"]))
+        trainer.load_states(self._path(files["trainer"]))  # a pickle: verified just above
         loader.load_state_dict(state["loader"])
         return state
+
+    def _verify(self, state: Dict[str, Any], files: Dict[str, str]) -> None:
+        """Check each file against the SHA-256 recorded when the demo wrote it."""
+        recorded = state.get("sha256")
+        if not isinstance(recorded, dict):
+            raise self._corrupt("it records no SHA-256 of its files")
+        for kind, name in files.items():
+            path = self._path(name)
+            try:
+                actual = _sha256(path)
+            except OSError as exc:
+                raise self._corrupt(f"its {kind} file {name!r} cannot be read ({exc})") from exc
+            if recorded.get(kind) != actual:
+                raise CheckpointCorrupt(
+                    f"{path} is not the file the demo wrote there (its SHA-256 differs from "
+                    f"the one in {_STATE}), so it was not loaded; delete {self.directory} to "
+                    f"start over"
+                )
+
+    def saved_position(self) -> Optional[Dict[str, int]]:
+        """The loader position of the last save (``{"epoch", "consumed"}``), or None when
+        there is none or it cannot be read; loads nothing."""
+        try:
+            state = self._read()
+        except CheckpointCorrupt:
+            return None
+        position = None if state is None else state.get("loader")
+        return position if isinstance(position, dict) else None
