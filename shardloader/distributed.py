@@ -2,11 +2,13 @@
 
 In data-parallel training every kvstore worker reads its own part of each epoch:
 
->>> kv = mx.kv.create('dist_sync')                                   # doctest: +SKIP
->>> num_parts, part_index = parts_from_kvstore(kv)                   # doctest: +SKIP
->>> loader = ShardedDataLoader(dataset, batch_size=32, shuffle=True, seed=0,
-...                            num_parts=num_parts, part_index=part_index)  # doctest: +SKIP
->>> trainer = gluon.Trainer(net.collect_params(), 'sgd', kvstore=kv)  # doctest: +SKIP
+```python
+kv = mx.kv.create('dist_sync')
+num_parts, part_index = parts_from_kvstore(kv)
+loader = ShardedDataLoader(dataset, batch_size=32, shuffle=True, seed=0,
+                           num_parts=num_parts, part_index=part_index)
+trainer = gluon.Trainer(net.collect_params(), 'sgd', kvstore=kv)
+```
 
 Every worker must use the same ``seed``: the loader then draws the same permutation on every
 machine and each takes a disjoint slice of it. With ``dist_sync`` every worker must also make
@@ -128,9 +130,13 @@ def fail_fast(kv: Any) -> Iterator[None]:
 
     Examples
     --------
-    >>> kv = mx.kv.create('dist_sync')  # doctest: +SKIP
-    >>> with fail_fast(kv):             # doctest: +SKIP
-    ...     train(kv)
+    In each worker's training script (it needs a running kvstore cluster):
+
+    ```python
+    kv = mx.kv.create('dist_sync')
+    with fail_fast(kv):
+        train(kv)
+    ```
     """
     try:
         yield

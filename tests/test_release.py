@@ -1,4 +1,5 @@
-"""MXNet's release of batch memory never runs Python (docs/design.md, invariant 7).
+"""MXNet's release of batch memory never runs Python (docs/design.md, invariant 7); and, at
+the end, the package as it is released: requirements that do not pin a user's environment.
 
 A Python deleter on MXNet's engine threads deadlocked every ``fork()`` that followed
 training (MXNet's fork handler waits for the engine while the forking thread holds the
@@ -406,3 +407,24 @@ def test_a_buffer_that_is_still_referred_to_stays_out_of_the_pool():
     for _ in range(pool.MAX_FREE + 2):
         pool.give_back(pool.take((pool.MIN_BYTES // 4 + len(pool._free),), np.dtype(np.float32)))
     assert len(pool._free) <= pool.MAX_FREE
+
+
+# ---------------------------------------------------------------- the released package
+def test_the_runtime_requirements_pin_nothing():
+    """``pip install`` of the clone or its wheel into a user's own environment must not pin
+    (or downgrade) the user's packages: the runtime requirements are ranges, and only the
+    two make commands install the exact versions of constraints.txt."""
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parent.parent
+    with open(root / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    requirements = {re.match(r"[A-Za-z0-9_.-]+", r).group(0): r for r in project["dependencies"]}
+    assert sorted(requirements) == ["mxnet", "numpy", "tqdm"]
+    for requirement in requirements.values():
+        assert "==" not in requirement and "~=" not in requirement, requirement
+    # The one upper bound that is not MXNet's own: MXNet 1.9.1 and 2.0.0b1 use np.bool.
+    assert "<1.24" in requirements["numpy"]
+    assert "numpy==" in (root / "constraints.txt").read_text()

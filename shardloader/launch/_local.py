@@ -81,10 +81,12 @@ def launch_local(
 
     Examples
     --------
-    >>> result = launch_local(['python', 'train.py'], num_workers=2, num_servers=1,
-    ...                       timeout=600)  # doctest: +SKIP
-    >>> result.worker_returncodes, result.failure  # doctest: +SKIP
-    ([0, 0], None)
+    With a ``train.py`` that trains with a ``dist_sync`` kvstore:
+
+    ```python
+    result = launch_local(['python', 'train.py'], num_workers=2, num_servers=1, timeout=600)
+    result.worker_returncodes, result.failure  # ([0, 0], None) when both workers succeeded
+    ```
     """
     argv = _check_command(cmd)
     num_servers = num_workers if num_servers is None else num_servers
