@@ -427,3 +427,25 @@ def test_grey_image_record_loader(rec):
     )
     data, _ = batches(loader)[0]
     assert data.shape == (4, 1, 40, 40) and data.dtype == np.uint8
+
+
+def test_scaled_decoding_keeps_the_draws_and_nearly_the_pixels(tmp_path):
+    """A crop shrunk 4x or more decodes at a reduced scale: the same boxes (same seed), and
+    pixels close to the full-size decode's (two downscalers differ a little)."""
+    import cv2
+
+    # Smooth, without grain: a point-sampling resize and an averaging decode see grain alike.
+    coarse = np.random.RandomState(0).rand(4, 20, 26, 3).astype(np.float32) * 255
+    images = [cv2.resize(c, (1024, 768), interpolation=cv2.INTER_CUBIC) for c in coarse]
+    rec = write_rec(tmp_path, [pil_jpeg(i.clip(0, 255).astype(np.uint8)) for i in images])
+    chain = T.Compose([T.RandomResizedCrop(64, scale=(0.5, 1.0)), T.ToTensor()])
+    dataset = ImageRecordDataset(rec).transform_first(chain)
+    out = []
+    for scaled in (True, False):
+        fusion = vision.fuse(dataset, scaled_decode=scaled)
+        assert fusion.pipeline.scaled_decode is scaled
+        loader = ShardedDataLoader(fusion.dataset, 4, batchify_fn=fusion.batchify_fn, seed=1)
+        out.append(batches(loader)[0][0])
+    diff = np.abs(out[0] - out[1]) * 255
+    assert out[0].shape == out[1].shape == (4, 3, 64, 64)
+    assert 0 < diff.mean() < 3, diff.mean()

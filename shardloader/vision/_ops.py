@@ -77,6 +77,39 @@ def _crop_resize(pixels: np.ndarray, box: Box, size: Tuple[int, int], interp: in
     return out
 
 
+def crop_scaled(
+    pixels: np.ndarray, box: Box, size: Tuple[int, int], full: Tuple[int, int]
+) -> np.ndarray:
+    """The bilinear ``size`` (width, height) resize of ``box``, a box of the full-size image
+    (``full``: height, width), sampled from ``pixels``, a reduced-scale decode of it.
+
+    The box rarely falls on whole pixels of the reduced image, so instead of cropping there
+    (up to half a reduced pixel, several full pixels, off) the output samples the reduced
+    image through the affine map that takes an output pixel's centre to the full-size point
+    ``cv2.resize`` would sample, expressed in reduced coordinates.
+    """
+    cv2 = _codecs.modules()[1]
+    x0, y0, w, h = box
+    sx, sy = pixels.shape[1] / full[1], pixels.shape[0] / full[0]
+    out_w, out_h = size
+    # full-size x = x0 + (u + 0.5) * w / out_w - 0.5; reduced = (full + 0.5) * sx - 0.5
+    matrix = np.array(
+        [
+            [w / out_w * sx, 0.0, (x0 + 0.5 * w / out_w) * sx - 0.5],
+            [0.0, h / out_h * sy, (y0 + 0.5 * h / out_h) * sy - 0.5],
+        ]
+    )
+    src = pixels[:, :, 0] if pixels.shape[2] == 1 else pixels
+    out = cv2.warpAffine(
+        src,
+        matrix,
+        (out_w, out_h),
+        flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+        borderMode=cv2.BORDER_REPLICATE,
+    )
+    return out[:, :, None] if out.ndim == 2 else out
+
+
 def _scale_down(src_size: Tuple[int, int], size: Tuple[int, int]) -> Tuple[int, int]:
     """``mx.image.scale_down``: shrink a crop size to fit the image, keeping its aspect."""
     w, h = size

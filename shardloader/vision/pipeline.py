@@ -212,6 +212,8 @@ class ImagePipeline:
         first = self.steps[0]
         if not isinstance(first, (_ops.RandomResizedCrop, _ops.RandomCrop)):
             return None
+        if first.interpolation != 1:
+            return None  # the scaled crop samples bilinearly (``_ops.crop_scaled``)
         x0, y0, w, h = params[0]
         out_w, out_h = first.target
         if w < 2 * out_w or h < 2 * out_h:
@@ -225,12 +227,14 @@ class ImagePipeline:
         (a ``ValueError`` if it has another shape). ``full`` is the image's size at full
         scale: a smaller ``pixels`` came from a scaled decode, and the first step's box is
         scaled to it."""
+        steps = self.steps
         if pixels.shape[0] != full[0] or pixels.shape[1] != full[1]:
-            params = [_scaled_box(params[0], full, pixels.shape)] + params[1:]
+            pixels = _ops.crop_scaled(pixels, params[0], steps[0].target, full)
+            steps, params = steps[1:], params[1:]
         # Trailing flips are done by OpenCV while writing into ``out``: numpy copies a
         # reversed view several times slower.
         flip_x = flip_y = False
-        for step, value in zip(self.steps, params):
+        for step, value in zip(steps, params):
             if isinstance(step, _ops.Flip):
                 if step.axis:
                     flip_x ^= bool(value)
@@ -277,13 +281,3 @@ class _ShapeMismatch(ValueError):
     def __init__(self, shape: tuple) -> None:
         super().__init__(f"image of shape {shape}")
         self.shape = shape
-
-
-def _scaled_box(box, full: Tuple[int, int], shape) -> tuple:
-    """A box drawn on the full-size image, on the same region of a scaled decode."""
-    sy, sx = shape[0] / full[0], shape[1] / full[1]
-    x0, y0, w, h = box
-    nx, ny = int(round(x0 * sx)), int(round(y0 * sy))
-    nw = max(1, min(int(round(w * sx)), shape[1] - nx))
-    nh = max(1, min(int(round(h * sy)), shape[0] - ny))
-    return nx, ny, nw, nh
