@@ -296,7 +296,7 @@ MASKED = np.ma.masked_array([1.0, 2.0, 3.0], mask=[0, 1, 0])
         (default_batchify_fn, [MASKED, MASKED], "default_batchify_fn: sample 0"),
         (default_batchify_fn, [(MASKED, 0), (np.zeros(3), 1)], "default_batchify_fn: sample 0"),
         (Stack(), [np.ones(3), np.ones(3), MASKED], "Stack: sample 2"),
-        (Pad(), [np.ones(2), MASKED], "Pad: sample 1"),
+        (Pad(pad_val=0), [np.ones(2), MASKED], "Pad: sample 1"),
     ],
     ids=["default", "default_first", "default_tuple_field", "stack", "pad"],
 )
@@ -533,16 +533,16 @@ def reference_pad(arrays, axis, pad_val, dtype, round_to=None):
 
 def test_pad_lists_give_float32():
     # gluon-nlp's example: list samples come out as float32.
-    out = Pad()([[1, 2, 3, 4], [4, 5, 6], [8, 2]])
+    out = Pad(pad_val=0)([[1, 2, 3, 4], [4, 5, 6], [8, 2]])
     assert_nd(out, [[1, 2, 3, 4], [4, 5, 6, 0], [8, 2, 0, 0]], dtype=np.float32)
 
 
 def test_pad_keeps_the_values_of_float_lists():
-    assert_nd(Pad()([[0.5, 1.5], [2.5]]), [[0.5, 1.5], [2.5, 0]], dtype=np.float32)
+    assert_nd(Pad(pad_val=0)([[0.5, 1.5], [2.5]]), [[0.5, 1.5], [2.5, 0]], dtype=np.float32)
 
 
 def test_pad_ret_length_gives_int32_lengths():
-    batch, length = Pad(ret_length=True)([[1, 2, 3, 4], [4, 5, 6], [8, 2]])
+    batch, length = Pad(pad_val=0, ret_length=True)([[1, 2, 3, 4], [4, 5, 6], [8, 2]])
     assert_nd(batch, [[1, 2, 3, 4], [4, 5, 6, 0], [8, 2, 0, 0]], dtype=np.float32)
     assert_nd(length, [4, 3, 2], dtype=np.int32)
 
@@ -566,7 +566,7 @@ def test_pad_axis_0_of_3d_samples():
 
 def test_pad_middle_axis_with_lengths():
     arrays = [np.ones((2, n, 3), dtype=np.int32) * n for n in (1, 4, 0, 2)]
-    out, length = Pad(axis=1, ret_length=True)(arrays)
+    out, length = Pad(pad_val=0, axis=1, ret_length=True)(arrays)
     assert_nd(out, reference_pad(arrays, 1, 0, np.int32))
     assert_nd(length, [1, 4, 0, 2], dtype=np.int32)
 
@@ -577,7 +577,7 @@ def test_pad_middle_axis_with_lengths():
 )
 def test_pad_round_to(lengths, round_to, size):
     arrays = [np.arange(n, dtype=np.int64) + 1 for n in lengths]
-    out, length = Pad(round_to=round_to, ret_length=True)(arrays)
+    out, length = Pad(pad_val=0, round_to=round_to, ret_length=True)(arrays)
     assert out.shape == (len(lengths), size)
     assert_nd(out, reference_pad(arrays, 0, 0, np.int64, round_to))
     assert_nd(length, lengths, dtype=np.int32)
@@ -589,7 +589,8 @@ def test_pad_dtype_and_float_pad_val():
 
 
 def test_pad_ndarray_samples_keep_their_dtype():
-    out, length = Pad(ret_length=True)([mx.nd.array([1, 2, 3]), mx.nd.array([4])])
+    with pytest.warns(UserWarning, match="padding MXNet arrays is several times slower"):
+        out, length = Pad(pad_val=0, ret_length=True)([mx.nd.array([1, 2, 3]), mx.nd.array([4])])
     assert_nd(out, [[1, 2, 3], [4, 0, 0]], dtype=np.float32)
     assert_nd(length, [3, 1], dtype=np.int32)
 
@@ -633,16 +634,16 @@ def test_pad_rejects_samples_that_differ_on_another_axis():
 
 def test_pad_axis_out_of_range():
     with pytest.raises(ValueError, match=re.escape("Pad: axis 2 is out of range for samples of")):
-        Pad(axis=2)([np.zeros((2, 3)), np.zeros((2, 3))])
+        Pad(pad_val=0, axis=2)([np.zeros((2, 3)), np.zeros((2, 3))])
     with pytest.raises(ValueError, match="out of range"):
-        Pad()([1, 2])
+        Pad(pad_val=0)([1, 2])
 
 
 def test_pad_rejects_non_numeric_samples_and_empty_batches():
     with pytest.raises(TypeError, match="Pad: cannot pad samples that are not numbers"):
-        Pad()([["a", "b"], ["c"]])
+        Pad(pad_val=0)([["a", "b"], ["c"]])
     with pytest.raises(ValueError, match="empty batch"):
-        Pad()([])
+        Pad(pad_val=0)([])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -651,7 +652,11 @@ def test_pad_rejects_non_numeric_samples_and_empty_batches():
 
 def test_tuple_applies_one_function_per_field():
     data = [([1, 2, 3, 4], 0), ([5, 7], 1)]
-    for fn in (Tuple(Pad(), Stack()), Tuple([Pad(), Stack()]), Tuple((Pad(), Stack()))):
+    for fn in (
+        Tuple(Pad(pad_val=0), Stack()),
+        Tuple([Pad(pad_val=0), Stack()]),
+        Tuple((Pad(pad_val=0), Stack())),
+    ):
         out = fn(data)
         assert type(out) is tuple and len(out) == 2
         assert_nd(out[0], [[1, 2, 3, 4], [5, 7, 0, 0]], dtype=np.float32)
@@ -695,7 +700,7 @@ def test_dict_applies_one_function_per_key():
         {"data": [5, 7], "label": 1, "ignored": "y"},
         {"data": [1, 2, 3, 4, 5, 6, 7], "label": 0, "ignored": "z"},
     ]
-    out = Dict({"data": Pad(), "label": Stack()})(data)
+    out = Dict({"data": Pad(pad_val=0), "label": Stack()})(data)
     assert list(out) == ["data", "label"]
     assert_nd(
         out["data"],
@@ -716,8 +721,8 @@ def test_dict_checks_its_samples():
 def test_namedtuple_with_dict_or_list_of_functions():
     data = [Sample([1, 2, 3, 4], 0), Sample([5, 7], 1), Sample([1, 2, 3, 4, 5, 6, 7], 0)]
     for fn in (
-        NamedTuple(Sample, {"label": Stack(), "data": Pad()}),
-        NamedTuple(Sample, [Pad(), Stack()]),
+        NamedTuple(Sample, {"label": Stack(), "data": Pad(pad_val=0)}),
+        NamedTuple(Sample, [Pad(pad_val=0), Stack()]),
     ):
         out = fn(data)
         assert type(out) is Sample
@@ -749,13 +754,41 @@ def test_namedtuple_checks_the_sample_type():
             ValueError,
             r"float64 \(the dtypes this MXNet's arrays hold\)",
         ),
-        (lambda: Pad(axis=1.5), TypeError, r"Pad: axis must be an int, got 1.5 \(float\)"),
-        (lambda: Pad(axis=True), TypeError, r"Pad: axis must be an int, got True \(bool\)"),
-        (lambda: Pad(pad_val="0"), TypeError, r"Pad: pad_val must be an int or a float, got '0'"),
-        (lambda: Pad(ret_length=1), TypeError, r"Pad: ret_length must be True or False, got 1"),
-        (lambda: Pad(round_to=0), ValueError, r"Pad: round_to must be None or a positive int"),
-        (lambda: Pad(round_to=2.0), TypeError, r"Pad: round_to must be None or a positive int"),
-        (lambda: Pad(dtype="complex64"), ValueError, r"Pad: dtype must be None or one of bool"),
+        (
+            lambda: Pad(pad_val=0, axis=1.5),
+            TypeError,
+            r"Pad: axis must be an int, got 1.5 \(float\)",
+        ),
+        (
+            lambda: Pad(pad_val=0, axis=True),
+            TypeError,
+            r"Pad: axis must be an int, got True \(bool\)",
+        ),
+        (
+            lambda: Pad(pad_val="0"),
+            TypeError,
+            r"Pad: pad_val must be None, an int or a float, got '0'",
+        ),
+        (
+            lambda: Pad(pad_val=0, ret_length=1),
+            TypeError,
+            r"Pad: ret_length must be True or False, got 1",
+        ),
+        (
+            lambda: Pad(pad_val=0, round_to=0),
+            ValueError,
+            r"Pad: round_to must be None or a positive int",
+        ),
+        (
+            lambda: Pad(pad_val=0, round_to=2.0),
+            TypeError,
+            r"Pad: round_to must be None or a positive int",
+        ),
+        (
+            lambda: Pad(pad_val=0, dtype="complex64"),
+            ValueError,
+            r"Pad: dtype must be None or one of bool",
+        ),
         (lambda: Tuple([Stack()], Stack()), ValueError, r"Tuple: pass the functions as"),
         (lambda: Tuple([]), ValueError, r"Tuple: needs at least one batchify function"),
         (lambda: Tuple(Stack(), 3), TypeError, r"Tuple: fn\[1\] must be a callable .* got 3"),
@@ -858,7 +891,7 @@ def test_functions_pickle_and_repr():
 
 
 def test_group_is_tuple_by_its_2x_name():
-    tokens, words = Group(Pad(), AsList())([([1, 2, 3], "a"), ([4], "b")])
+    tokens, words = Group(Pad(pad_val=0), AsList())([([1, 2, 3], "a"), ([4], "b")])
     assert_nd(tokens, [[1, 2, 3], [4, 0, 0]], "float32")
     assert words == ["a", "b"]
     assert type(Group([Stack(), Stack()])([(1, 2), (3, 4)])) is tuple
@@ -1042,7 +1075,7 @@ def test_raw_stack(raw_alloc):
 
 
 def test_raw_pad_with_lengths(raw_alloc):
-    out, length = Pad(ret_length=True)([np.arange(3), np.arange(1)])
+    out, length = Pad(pad_val=0, ret_length=True)([np.arange(3), np.arange(1)])
     assert_from(out, raw_alloc, 0)
     assert_from(length, raw_alloc, 1)
     np.testing.assert_array_equal(out, [[0, 1, 2], [0, 0, 0]])
@@ -1050,7 +1083,7 @@ def test_raw_pad_with_lengths(raw_alloc):
 
 
 def test_raw_tuple_dict_namedtuple(raw_alloc):
-    a, b = Tuple(Stack(), Pad())([(1, [1, 2]), (2, [3])])
+    a, b = Tuple(Stack(), Pad(pad_val=0))([(1, [1, 2]), (2, [3])])
     assert_from(a, raw_alloc, 0)
     assert_from(b, raw_alloc, 1)
     d = Dict({"x": Stack()})([{"x": 1.0}, {"x": 2.0}])

@@ -12,6 +12,9 @@ batchify got wrong against MXNet 2.x, gluon-nlp and a new user.
 
 from __future__ import annotations
 
+import warnings
+
+import mxnet as mx
 import numpy as np
 import pytest
 from _backends import BACKENDS
@@ -19,7 +22,7 @@ from conftest import GLUON_PYTHON, requires_mx1, requires_mx2
 from mxnet.gluon.data import DataLoader as GluonDataLoader
 
 from shardloader import ShardedDataLoader
-from shardloader.batchify import Pad, Stack, Tuple, default_batchify_fn
+from shardloader.batchify import Pad, Stack, Tuple, default_batchify_fn, gluon_equivalent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -191,3 +194,55 @@ def test_pad_names_the_dataset_index_too(no_leaks):
     assert "the sample at dataset index 5, of shape (4, 3), to the one at dataset index 7" in (
         str(error)
     )
+
+
+# ------------------------------------------------------------------ item 15: Pad's warnings
+
+
+def test_pad_without_pad_val_warns_as_gluonnlp_does():
+    """Item 15: gluon-nlp's Pad() warns that the padding defaults to 0 (the right value is
+    often a vocabulary's padding index); shardloader's was silent."""
+    with pytest.warns(UserWarning, match=r"Pad: no pad_val given, so the padding is 0"):
+        fn = Pad()
+    assert fn([[1, 2], [3]]).asnumpy().tolist() == [[1, 2], [3, 0]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Pad(pad_val=0)
+        Pad(axis=0, pad_val=-1, ret_length=True, round_to=2)
+
+
+def test_pad_warns_once_that_mxnet_arrays_pad_slower():
+    """gluon-nlp's test_pad: MXNet array samples. Measured, shardloader's Pad is several
+    times slower on them than on numpy arrays (docs/switching.md), so it warns, once per Pad
+    as gluon-nlp's does."""
+    fn = Pad(pad_val=-1)
+    with pytest.warns(UserWarning) as record:
+        padded = fn([mx.nd.array([]), mx.nd.arange(1)])
+        fn([mx.nd.array([]), mx.nd.arange(1)])
+    assert padded.asnumpy().flatten().tolist() == [-1.0, 0.0]
+    ours = [str(w.message) for w in record if w.category is UserWarning]
+    assert len(ours) == 1 and "padding MXNet arrays is several times slower" in ours[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fn = Pad(pad_val=0)
+        fn([np.arange(2), np.arange(1)])
+        fn([[1, 2], [3]])
+
+
+@pytest.mark.parametrize("backend", ["inline", "thread", "fork"])
+def test_shardloaders_own_paths_raise_no_pad_warning(backend, no_leaks):
+    """Neither the default batchify, nor Gluon 2.x's Pad as the loader swaps it, nor a Pad
+    with its pad_val, warns: with warnings as errors a loader still loads."""
+    data = [(np.arange(n % 3 + 1, dtype="float32"), n) for n in range(8)]
+    fns = [Tuple(Pad(pad_val=0), Stack())]
+    gluon_batchify = getattr(mx.gluon.data, "batchify", None)
+    if gluon_batchify is not None:  # 2.x: its Pad takes val, and pads every axis
+        fns.append(gluon_equivalent(gluon_batchify.Group(gluon_batchify.Pad(), Stack())))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fn in fns:
+            with ShardedDataLoader(data, batch_size=4, batchify_fn=fn, **BACKENDS[backend]) as ld:
+                assert [b[0].shape for b in ld] == [(4, 3), (4, 3)]
+        fixed = [(np.ones(3, "float32"), n) for n in range(8)]
+        with ShardedDataLoader(fixed, batch_size=4, **BACKENDS[backend]) as ld:  # the default
+            assert len(list(ld)) == 2

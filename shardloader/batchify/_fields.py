@@ -59,7 +59,7 @@ class Tuple:
     Examples
     --------
     >>> from shardloader.batchify import Pad, Stack, Tuple
-    >>> tokens, label = Tuple(Pad(), Stack())([([1, 2, 3], 0), ([4], 1)])
+    >>> tokens, label = Tuple(Pad(pad_val=0), Stack())([([1, 2, 3], 0), ([4], 1)])
     >>> tokens.asnumpy()
     array([[1., 2., 3.],
            [4., 0., 0.]], dtype=float32)
@@ -172,7 +172,7 @@ class Dict:
     Examples
     --------
     >>> from shardloader.batchify import Dict, Pad, Stack
-    >>> batch = Dict({"data": Pad(), "label": Stack()})(
+    >>> batch = Dict({"data": Pad(pad_val=0), "label": Stack()})(
     ...     [{"data": [1, 2, 3], "label": 0}, {"data": [4], "label": 1}])
     >>> batch["data"].asnumpy()
     array([[1., 2., 3.],
@@ -251,7 +251,7 @@ class NamedTuple:
     >>> from collections import namedtuple
     >>> from shardloader.batchify import NamedTuple, Pad, Stack
     >>> Sample = namedtuple("Sample", ["data", "label"])
-    >>> batchify = NamedTuple(Sample, {"data": Pad(), "label": Stack()})
+    >>> batchify = NamedTuple(Sample, {"data": Pad(pad_val=0), "label": Stack()})
     >>> batch = batchify([Sample([1, 2, 3], 0), Sample([4], 1)])
     >>> type(batch).__name__, batch.data.shape, batch.label.asnumpy()
     ('Sample', (2, 3), array([0, 1]))

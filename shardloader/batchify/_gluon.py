@@ -68,7 +68,7 @@ def is_native(fn: typing.Any) -> bool:
     process may let it stack straight into shared memory. Any user function in the tree
     makes the answer ``False`` (its output is still shipped correctly, with one copy).
 
-    >>> is_native(Tuple(Stack(), Pad())), is_native(Tuple(Stack(), len))
+    >>> is_native(Tuple(Stack(), Pad(pad_val=0))), is_native(Tuple(Stack(), len))
     (True, False)
     """
     if fn is default_batchify_fn or isinstance(

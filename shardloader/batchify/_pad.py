@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import typing
+import warnings
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from ._arrays import (
     _array_samples,
     _dtype_repr,
     _is_array,
+    _is_mx_array,
     _output_dtype,
 )
 from ._checks import (
@@ -56,8 +58,9 @@ class Pad:
     axis : int, default 0
         The axis of each sample to pad (negative values count from the end). The batch has one
         more axis in front, so a sample's ``axis`` is the batch's ``axis + 1``.
-    pad_val : int or float, default 0
-        The value written in the padding.
+    pad_val : int or float, optional
+        The value written in the padding. Not given, it is 0 and, as in gluon-nlp, a
+        ``UserWarning`` says so: the right value is often a vocabulary's padding index.
     ret_length : bool, default False
         Also return each sample's length along ``axis``, as an int32 array of shape ``(N,)``
         (gluon-nlp's ``valid_length``).
@@ -73,11 +76,18 @@ class Pad:
     NDArray, or a tuple ``(NDArray, NDArray)`` with ``ret_length``
         The padded batch of shape ``(N, ...)``, and with ``ret_length`` the int32 lengths.
 
+    Warns
+    -----
+    UserWarning
+        When ``pad_val`` is not given; and, the first time this ``Pad`` is called with MXNet
+        arrays, that numpy arrays or lists pad faster (each MXNet array is copied out of MXNet
+        on its own: several times slower than numpy samples, as gluon-nlp's ``Pad`` warns).
+
     Examples
     --------
     >>> import numpy as np
     >>> from shardloader.batchify import Pad
-    >>> Pad()([[1, 2, 3, 4], [5, 6], [7]]).asnumpy()
+    >>> Pad(pad_val=0)([[1, 2, 3, 4], [5, 6], [7]]).asnumpy()
     array([[1., 2., 3., 4.],
            [5., 6., 0., 0.],
            [7., 0., 0., 0.]], dtype=float32)
@@ -88,34 +98,55 @@ class Pad:
            [ 6,  7, -1, -1, -1, -1, -1, -1]])
     >>> length.asnumpy()
     array([5, 2], dtype=int32)
-    >>> Pad(axis=1)([np.ones((2, 3)), np.ones((2, 1))]).shape
+    >>> Pad(axis=1, pad_val=0)([np.ones((2, 3)), np.ones((2, 1))]).shape
     (2, 2, 3)
     """
 
     def __init__(
         self,
         axis: int = 0,
-        pad_val: typing.Union[int, float] = 0,
+        pad_val: typing.Optional[typing.Union[int, float]] = None,
         ret_length: bool = False,
         dtype=None,
         round_to: typing.Optional[int] = None,
     ) -> None:
         if not _is_int(axis):
             raise TypeError(f"Pad: axis must be an int, got {_describe(axis)}")
-        if not isinstance(pad_val, numbers.Real):
-            raise TypeError(f"Pad: pad_val must be an int or a float, got {_describe(pad_val)}")
+        if pad_val is not None and not isinstance(pad_val, numbers.Real):
+            raise TypeError(
+                f"Pad: pad_val must be None, an int or a float, got {_describe(pad_val)}"
+            )
         if not _is_flag(ret_length):
             raise TypeError(f"Pad: ret_length must be True or False, got {_describe(ret_length)}")
         round_to = _check_round_to(round_to, _describe)
+        dtype = _check_dtype("Pad", dtype)
+        if pad_val is None:
+            warnings.warn(
+                "Pad: no pad_val given, so the padding is 0; pass pad_val= to say what it "
+                "should be (for token ids, often the vocabulary's padding index)",
+                UserWarning,
+                stacklevel=2,
+            )
+            pad_val = 0
         self._axis = int(axis)
         self._pad_val = pad_val
+        self._warned_mx = False  # about MXNet samples, once per Pad, as gluon-nlp does
         self._ret_length = bool(ret_length)
-        self._dtype = _check_dtype("Pad", dtype)
+        self._dtype = dtype
         self._round_to = round_to
 
     def __call__(self, data: typing.Sequence[typing.Any]):
         """Pad and stack ``data``, the samples of one batch."""
         _require_samples(data, "Pad")
+        if not self._warned_mx and _is_mx_array(data[0]):
+            self._warned_mx = True
+            warnings.warn(
+                "Pad: padding MXNet arrays is several times slower than padding numpy arrays "
+                "or lists, which is what the dataset should return for speed (each MXNet "
+                "array is copied out of MXNet on its own)",
+                UserWarning,
+                stacklevel=2,
+            )
         arrays = _array_samples(data, "Pad")
         first = arrays[0]
         axis = self._normalized_axis(first)
