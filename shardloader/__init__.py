@@ -4,7 +4,8 @@
 
 Every public module is reachable from here: ``batchify``, ``sampler``, ``prefetch``,
 ``dataiter``, ``recordio`` and ``distributed`` (``launch`` is the command line, run as
-``python -m shardloader.launch``); every public error is exported at the top level.
+``python -m shardloader.launch``), and ``vision``, imported on first use; every public error
+is exported at the top level.
 """
 
 from . import batchify, dataiter, distributed, prefetch, recordio, sampler
@@ -20,6 +21,16 @@ from ._errors import (
 from .loader import DataLoader, ShardedDataLoader
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # shardloader.vision (docs/vision.md) is imported when first used, not with the package.
+    if name == "vision":
+        import importlib
+
+        return importlib.import_module(".vision", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ShardedDataLoader",
@@ -38,4 +49,5 @@ __all__ = [
     "prefetch",
     "recordio",
     "sampler",
+    "vision",
 ]

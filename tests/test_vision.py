@@ -449,3 +449,15 @@ def test_scaled_decoding_keeps_the_draws_and_nearly_the_pixels(tmp_path):
     diff = np.abs(out[0] - out[1]) * 255
     assert out[0].shape == out[1].shape == (4, 3, 64, 64)
     assert 0 < diff.mean() < 3, diff.mean()
+
+
+def test_nested_transform_first_and_a_final_cast_are_fused(rec):
+    inner = ImageRecordDataset(rec).transform_first(T.Resize((40, 36)))
+    dataset = inner.transform_first(T.Compose([T.ToTensor(), T.Cast("float16")]))
+    fusion = vision.fuse(dataset)
+    assert fusion.path == "fused", fusion.reason
+    exact = batches(ShardedDataLoader(dataset, 4))
+    fused = batches(ShardedDataLoader(fusion.dataset, 4, batchify_fn=fusion.batchify_fn))
+    for a, b in zip(exact, fused):
+        assert a[0].dtype == b[0].dtype == np.float16 and a[0].shape == b[0].shape
+        assert np.abs(a[0].astype(np.float32) - b[0].astype(np.float32)).max() <= 1 / 255 + 1e-3
