@@ -276,3 +276,25 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-8000:]}"
     assert (tmp_path / "index.html").exists()
+
+
+def test_the_api_reference_lists_every_key_of_stats() -> None:
+    """docs/api/loader.md's table of ``stats()`` keys is the dict's keys, in its order."""
+    from shardloader import ShardedDataLoader
+
+    page = (DOCS / "api" / "loader.md").read_text(encoding="utf-8")
+    table = page.split("<!-- stats-keys:start -->")[1].split("<!-- stats-keys:end -->")[0]
+    documented = re.findall(r"^\| `(\w+)` \|", table, re.MULTILINE)
+    with ShardedDataLoader(list(range(4)), batch_size=2) as loader:
+        list(loader)
+        keys = list(loader.stats())
+    assert documented == keys
+
+
+def test_worker_info_documents_every_field() -> None:
+    from shardloader import WorkerInfo
+
+    doc = WorkerInfo.__doc__ or ""
+    attributes = doc.split("Attributes\n    ----------\n")[1]
+    documented = re.findall(r"^    (\w+) : ", attributes, re.MULTILINE)
+    assert documented == list(WorkerInfo._fields)
