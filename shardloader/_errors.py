@@ -21,6 +21,7 @@ __all__ = [
     "ClosedIteratorError",
     "RecordIOError",
     "RemoteError",
+    "SharedMemoryError",
 ]
 
 
@@ -85,6 +86,46 @@ class LoaderTimeoutError(ShardLoaderError, TimeoutError):
         self.seq = seq
         self.indices = indices
         self.elapsed = elapsed
+
+
+class SharedMemoryError(ShardLoaderError, OSError):
+    """The training process could not take a batch's shared memory from a worker: it was out
+    of file descriptors (``EMFILE``), or could not map the memory (``ENOMEM``: an address-space
+    limit, overcommit, a cgroup limit). The worker is healthy and keeps running; the loader
+    works again once the resource is free.
+
+    Attributes
+    ----------
+    errno, strerror : int, str
+        The operating system's error, as for any ``OSError``.
+    worker_id : int or None
+        The worker that sent the batch.
+    seq : int or None
+        The batch's sequence number within its epoch.
+    indices : list or None
+        The sample indices of that batch.
+    nbytes : int or None
+        The size of the shared memory that could not be taken.
+    """
+
+    def __init__(
+        self,
+        errno: int,
+        message: str,
+        *,
+        worker_id: Optional[int] = None,
+        seq: Optional[int] = None,
+        indices: Optional[Sequence] = None,
+        nbytes: Optional[int] = None,
+    ) -> None:
+        super().__init__(errno, message)
+        self.worker_id = worker_id
+        self.seq = seq
+        self.indices = indices
+        self.nbytes = nbytes
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
 
 
 class ClosedIteratorError(ShardLoaderError, ValueError):

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import signal
 import subprocess
@@ -105,3 +107,47 @@ def test_a_forked_child_that_exits_leaves_the_parents_workers_alone(tmp_path, ho
     else:
         assert child.strip() == "", child
     assert "shardloader" not in child and "can only join" not in child, child
+
+
+# ------------------------------------------------ item 1: out of file descriptors mid-epoch
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("free", [0, 1])
+def test_out_of_descriptors_mid_epoch_is_named_and_the_loader_recovers(free):
+    proc = run_program("h3_fd_limit.py", str(free))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    if free == 0:
+        # Within timeout (20 s; no hang), an error naming the cause, the limit and a remedy.
+        assert outcome["rest"] == "raised", outcome
+        assert outcome["type"] == "SharedMemoryError" and "OSError" in outcome["mro"], outcome
+        assert outcome["errno"] == errno.EMFILE
+        message = outcome["message"]
+        for part in ("EMFILE", "Too many open files", "RLIMIT_NOFILE", "ulimit -n", "worker 0"):
+            assert part in message, (part, message)
+        assert "limit " in message and any(ch.isdigit() for ch in message)
+    else:
+        # One descriptor free is enough: the slot's arrives, is mapped and closed at once.
+        assert outcome["rest"] == "complete", outcome
+    assert outcome["seconds"] < 20, outcome
+    # Once descriptors are free, a new epoch is complete, on the same (healthy) workers.
+    assert outcome["again"] and outcome["same_workers"], outcome
+
+
+# ------------------------------------ item 8: the training process cannot map a new slot
+
+
+@pytest.mark.timeout(150)
+def test_a_slot_the_training_process_cannot_map_is_named_and_blames_no_worker():
+    proc = run_program("h3_address_space.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outcome["rest"] == "raised", outcome
+    assert outcome["type"] == "SharedMemoryError" and "OSError" in outcome["mro"], outcome
+    assert outcome["errno"] == errno.ENOMEM and outcome["nbytes"] >= 64 << 20, outcome
+    message = outcome["message"]
+    assert "could not map" in message and f"{outcome['nbytes']} bytes" in message, message
+    assert "Cannot allocate memory" in message and "RLIMIT_AS" in message, message
+    assert "on_worker_death" not in message and "died" not in message, message
+    assert outcome["again"] and outcome["same_workers"], outcome

@@ -26,15 +26,18 @@ the class (``undecodable``).
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
+import os
 import pickle
 from multiprocessing import reduction
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._errors import RemoteError, WorkerError, short_indices
+from .._errors import RemoteError, SharedMemoryError, WorkerError, short_indices
+from .ipc.fds import descriptor_limits
 
 __all__ = [
     "Failed",
@@ -50,6 +53,7 @@ __all__ = [
     "encode",
     "encode_reply",
     "payload_reader",
+    "slot_error",
     "undecodable",
 ]
 
@@ -94,10 +98,14 @@ class WorkerLost(NamedTuple):
 class Work(NamedTuple):
     task: Task
     released: List[int]  # slot ids the worker may reuse
+    # Slots whose descriptor the main process could not take (out of descriptors, or the
+    # mapping failed): the worker sends the descriptor again the next time it uses one.
+    resend: Sequence[int] = ()
 
 
 class Release(NamedTuple):
     released: List[int]
+    resend: Sequence[int] = ()
 
 
 STOP = None  # the worker exits
@@ -306,3 +314,38 @@ def dropped_with(seq: int, failed: WorkerError, worker_id: int, indices) -> Work
         seq=seq,
         indices=indices,
     )
+
+
+# ------------------------------------------- a slot the training process could not take
+
+
+def slot_error(worker_id: int, seq: int, indices, err: int, capacity: int) -> SharedMemoryError:
+    """The error for batch ``seq``, whose slot (``capacity`` bytes) came from worker
+    ``worker_id`` but could not be taken here: its descriptor was dropped (``EMFILE``), or
+    mapping it failed with ``err``. The worker is healthy; only this batch is lost."""
+    what = f"batch {seq} (sample indices {short_indices(indices)}) from worker {worker_id}"
+    reason = f"[Errno {err}] {os.strerror(err)}" if err else "an unknown error"
+    if err in (errno.EMFILE, errno.ENFILE):
+        message = (
+            f"the training process could not receive the shared memory of {what}: it is out "
+            f"of file descriptors ({errno.errorcode[err]}: {os.strerror(err)}; "
+            f"{descriptor_limits()}). Close files the program no longer needs, or raise the "
+            f"limit (ulimit -n, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)); fewer "
+            f"workers or a smaller prefetch also need fewer at once. The worker is fine, and "
+            f"the loader works again once descriptors are free."
+        )
+    else:
+        message = (
+            f"the training process could not map the {_size(capacity)} shared-memory slot of "
+            f"{what}: mmap failed with {reason}. Its address space or memory is limited "
+            f"(RLIMIT_AS or ulimit -v, vm.overcommit_memory, a cgroup memory limit): raise "
+            f"the limit, or lower batch_size or prefetch. The worker is fine, and the loader "
+            f"works again once memory is free."
+        )
+    return SharedMemoryError(
+        err, message, worker_id=worker_id, seq=seq, indices=indices, nbytes=capacity
+    )
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB ({nbytes} bytes)"

@@ -249,6 +249,7 @@ class _PipeChannel:
                 message = decode(conn.recv_bytes())
                 if message is STOP:
                     return None
+                self._ring.resend(message.resend)  # before release: they may be reused
                 self._ring.release(message.released)
                 if isinstance(message, Work):
                     tasks.append(message.task)

@@ -143,6 +143,14 @@ class SlotRing:
             self._slots.pop(smallest).close()
             self.dropped.append(smallest)
 
+    def resend(self, slot_ids) -> None:
+        """The main process could not take these slots' descriptors: send each again the
+        next time its slot carries a batch."""
+        for sid in slot_ids:
+            slot = self._slots.get(sid)
+            if slot is not None:
+                slot.sent = False
+
     def _acquire(self, need: int) -> _Slot:
         fits = [s for s in self._free if self._slots[s].capacity >= need]
         if fits:

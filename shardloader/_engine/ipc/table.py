@@ -88,6 +88,9 @@ class SlotTable:
         self._releases: Dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._dead: Set[int] = set()
         self._urgent: Set[int] = set()
+        # Slots whose descriptor could not be taken (never mapped here), per worker: they go
+        # back with the next message, marked for their descriptor to be sent again.
+        self._resend: Dict[int, List[int]] = collections.defaultdict(list)
         # Guards _slots: release callbacks can run on the background reaper thread.
         self._lock = threading.RLock()
         self.bytes_delivered = 0
@@ -186,10 +189,26 @@ class SlotTable:
             out.append(queue.popleft())
         return out
 
+    def not_adopted(self, worker_key: int, slot_id: int) -> None:
+        """A slot whose descriptor did not arrive or could not be mapped: the worker gets it
+        back with its next message, and sends its descriptor again when it next uses it."""
+        with self._lock:
+            if worker_key not in self._dead:
+                self._releases[worker_key].append(slot_id)
+                self._resend[worker_key].append(slot_id)
+
+    def take_resends(self, worker_key: int) -> List[int]:
+        """Slots (from ``not_adopted``) whose descriptor the worker must send again."""
+        if not self._resend:  # the common case: no lock, no list
+            return []
+        with self._lock:
+            return self._resend.pop(worker_key, [])
+
     def forget_worker(self, worker_key: int) -> None:
         """A worker exited: unmap its idle slots; busy ones go when their batch does."""
         with self._lock:
             self._releases.pop(worker_key, None)
+            self._resend.pop(worker_key, None)
             self._dead.add(worker_key)
             for key in [k for k in self._slots if k[0] == worker_key]:
                 if self._slots[key].busy:
@@ -206,3 +225,4 @@ class SlotTable:
                 if not self._slots[key].busy:
                     self._slots.pop(key).unmap()
             self._releases.clear()
+            self._resend.clear()

@@ -7,6 +7,7 @@ the pool's ``ipc.table.SlotTable`` as they arrive. The shutdown protocol is the 
 
 from __future__ import annotations
 
+import errno
 import itertools
 import multiprocessing as mp
 import os
@@ -14,12 +15,13 @@ import pickle
 import threading
 import time
 import weakref
-from multiprocessing import connection, reduction
+from multiprocessing import connection
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..._errors import ReadyError, WorkerError
 from .. import protocol
 from ..ipc import inherit
+from ..ipc.fds import receive_fd
 from ..ipc.table import SlotTable
 from ..protocol import Failed, Release, Reply, Result, Task, Work, WorkerLost
 from ..worker import ProcessSetup, WorkerInfo, process_worker_main
@@ -209,9 +211,10 @@ class ProcessPool:
                 return
             w = min(self._workers.values(), key=lambda w: (len(w.tasks), w.id))
             released = self._table.take_releases(w.key)
+            resend = self._table.take_resends(w.key)
             w.tasks[(task.iter_id, task.batches[0][0])] = task
             try:
-                w.conn.send_bytes(protocol.encode(Work(task, released)))
+                w.conn.send_bytes(protocol.encode(Work(task, released, resend)))
             except (OSError, ValueError):
                 pass  # the worker is dead; poll() reports it with this task as lost
             self._send_urgent_releases()
@@ -222,8 +225,9 @@ class ProcessPool:
             w = by_key.get(key)
             released = self._table.take_releases(key) if w is not None else []
             if released:
+                resend = self._table.take_resends(key)
                 try:
-                    w.conn.send_bytes(protocol.encode(Release(released)))
+                    w.conn.send_bytes(protocol.encode(Release(released, resend)))
                 except (OSError, ValueError):
                     pass  # dead: poll() will say so
 
@@ -268,8 +272,10 @@ class ProcessPool:
 
         The reply's heads always unpickle, and say how many descriptors follow: all of them
         are read before anything else can fail, so the next read starts at the next message.
+        A slot whose descriptor could not be installed (out of descriptors) or mapped (out of
+        address space) fails its batch with a ``SharedMemoryError``: the worker is fine.
         """
-        fds: List[int] = []
+        fds: List[Optional[int]] = []
         try:
             if not block and not w.conn.poll(0):
                 return False
@@ -278,22 +284,32 @@ class ProcessPool:
                 w.failed = reply
                 return False  # its only message: the worker has ended
             for _ in reply.new_slots:
-                fds.append(reduction.recv_handle(w.conn))
-            for slot_id, capacity in reply.new_slots:
-                self._table.adopt(w.key, slot_id, fds.pop(0), capacity)  # it closes the fd
+                fds.append(receive_fd(w.conn))
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             for fd in fds:
                 _close_fd(fd)
-            return False  # the pipe is closed or out of step: the worker must go
+            return False  # the pipe is closed: the worker has gone
+        unmapped: Dict[int, Tuple[int, int]] = {}  # slot id -> (errno, capacity)
+        for (slot_id, capacity), fd in zip(reply.new_slots, fds):
+            try:
+                if fd is None:
+                    raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+                self._table.adopt(w.key, slot_id, fd, capacity)  # it closes the fd
+            except OSError as exc:
+                unmapped[slot_id] = (exc.errno or 0, capacity)
+                self._table.not_adopted(w.key, slot_id)
         self._table.drop(w.key, reply.dropped)
-        self._unpack(w, reply, results)
+        self._unpack(w, reply, results, unmapped)
         return True
 
-    def _unpack(self, w: _ProcWorker, reply: Reply, results: List[Result]) -> None:
+    def _unpack(
+        self, w: _ProcWorker, reply: Reply, results: List[Result], unmapped: Dict[int, tuple]
+    ) -> None:
         """One ``Result`` per head. A payload that does not unpickle here (a class only the
         worker can import) becomes a ``WorkerError`` for that batch; the results after it in
         the same reply share its pickle memo, so they are dropped with it (the epoch ends
-        at the first of them anyway)."""
+        at the first of them anyway). A batch in a slot of ``unmapped`` fails with a
+        ``SharedMemoryError``."""
         load_next = protocol.payload_reader(reply)
         failed: Optional[WorkerError] = None
         for n, head in enumerate(reply.heads):
@@ -312,7 +328,10 @@ class ProcessPool:
                     error = protocol.dropped_with(head.seq, failed, w.id, indices)
                 payload, ok = ReadyError(error), False
             else:
-                if ok:
+                if ok and head.slot_id in unmapped:
+                    error = protocol.slot_error(w.id, head.seq, indices, *unmapped[head.slot_id])
+                    payload, ok = ReadyError(error), False
+                elif ok:
                     payload = (payload, head.slot_id)
                     self._table.received(w.key, head.slot_id)
             results.append(Result(head.iter_id, head.seq, ok, payload, head.busy_s, w.id, w.key))
