@@ -9,7 +9,7 @@ loader (``seed``, ``dataset_len``, ``batch_size``, ``sampler_type``).
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 from .sampler import Sampler
 from .sampler._state import StateTypeError, check_state_int, same_value
@@ -92,9 +92,8 @@ def _batches_of(bs: Any, length: int, epoch: int, sampler_state: Any) -> int:
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"state is from an incompatible loader: {exc}") from exc
         return len(bs)
-    probe = bs._probe()  # a copy to try the state on (see Sampler.load_state_dict)
     try:
-        probe._load_state(sampler_state)
+        probe = bs.tried_on(sampler_state)  # a copy: nothing changes until it is accepted
     except ValueError as exc:
         kind = StateTypeError if isinstance(exc, StateTypeError) else ValueError
         raise kind(f"state['sampler'] does not fit this loader's batch sampler: {exc}") from exc
@@ -107,7 +106,7 @@ def _batches_of(bs: Any, length: int, epoch: int, sampler_state: Any) -> int:
                 f"sampler's state at the start of epoch state['epoch']={epoch}; got "
                 f"{sampler_state[key]!r:.100}"
             )
-    for index in _carried_indices(probe):
+    for index in probe.carried_indices():
         if not 0 <= index < length:
             raise ValueError(
                 f"state['sampler'] carries index {index} into epoch {epoch}, outside the "
@@ -120,12 +119,3 @@ def sampler_state(sampler) -> Any:
     """The batch sampler's ``state_dict()``, or ``None`` if it has none."""
     fn = getattr(sampler, "state_dict", None)
     return fn() if fn is not None else None
-
-
-def _carried_indices(sampler) -> Iterator[int]:
-    """The indices that a shardloader batch sampler, and the samplers it wraps, carry into
-    their next pass (``last_batch='rollover'``): items, or batches of items, of ``_carry``."""
-    while isinstance(sampler, Sampler):
-        for item in sampler.__dict__.get("_carry", ()):
-            yield from item if isinstance(item, list) else (item,)
-        sampler = sampler.__dict__.get("_sampler")

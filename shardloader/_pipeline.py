@@ -5,13 +5,17 @@ is the one place that turns them into stages:
 
 * ``build_batch_sampler`` composes the sampler stages the arguments ask for (order or
   shuffle, a machine's part, batches, groups of shards);
-* ``Pipeline.open`` turns one epoch's ``(seq, indices)`` items into its batches::
+* ``Pipeline.open`` turns one epoch's ``(seq, indices)`` items into the whole chain of its
+  stages, each pulling from the one before it (``_engine.stage``)::
 
-      items --> InlineEpoch ---------------------------+--> DevicePrefetcher (ctx=) --> user
-            \\-> PooledEpoch --> Router --> ProcessPool | ThreadPool --/
+      items --> InlineEpoch ------------------------+--> placement --> ConsumerStage --> user
+            \\-> PooledEpoch --> Router --> Pool --/     (one of: none; PinStage on the
+                   (in-flight   (reorder,  (process      consumer's thread for pin_memory;
+                    bound,       restart)   | thread)    a prefetch thread for ctx=)
+                    deadline)
 
-  (or, for ``try_nopython=True`` under MXNet 2.x, Gluon's C++ pipeline), and owns the
-  worker pool that pooled epochs share.
+  (or, for ``try_nopython=True`` under MXNet 2.x, Gluon's C++ pipeline as the source), and
+  owns the router, and through it the worker pool, that pooled epochs share.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from . import batchify as _batchify
 from ._engine.batch import BatchMaker
-from ._engine.device import pin_context, placement, require_steps
+from ._engine.consumer import ConsumerStage, Position
+from ._engine.device import PinStage, pin_context, placement, require_steps
 from ._engine.epoch import InlineEpoch, PooledEpoch
 from ._engine.ipc.alloc import numpy_flags
 from ._engine.options import LoaderOptions
@@ -105,9 +110,22 @@ class Pipeline:
         self.pin = None if cpp is not None else pin_context(opts.pin_memory, opts.pin_device_id)
         self._router: Optional[Router] = None
 
-    def open(self, items: Iterator[Tuple[int, Sequence]], epoch: int, skip: int) -> Iterator:
-        """The batches of epoch ``epoch``, from its ``(seq, indices)`` items; the first
-        ``skip`` batches (a resumed epoch's) were consumed before and are not in ``items``."""
+    def open(
+        self,
+        items: Iterator[Tuple[int, Sequence]],
+        position: Position,
+        end_state: Callable[[], Any],
+        length: Callable[[], int],
+        then: Optional[Callable[[], Any]] = None,
+    ) -> ConsumerStage:
+        """The chain of stages of epoch ``position.epoch``, from its ``(seq, indices)``
+        items: the first ``position.consumed`` batches (a resumed epoch's) were consumed
+        before and are not in ``items``. See ``ConsumerStage`` for the other arguments."""
+        source = self._place(self._source(items, position.epoch, position.consumed))
+        return ConsumerStage(source, position, self._stats, end_state, length, then)
+
+    def _source(self, items: Iterator[Tuple[int, Sequence]], epoch: int, skip: int) -> Any:
+        """The first stage: the C++ pipeline, inline loading, or the worker pool."""
         opts = self._opts
         if isinstance(self.ctx, list):
             items = require_steps(items, len(self.ctx), opts.ctx_name)
@@ -119,11 +137,18 @@ class Pipeline:
             source = InlineEpoch(items, self._inline_maker(epoch), self._stats)
         else:
             source = PooledEpoch(
-                self._live_router(), items, skip, epoch, opts.prefetch, opts.timeout, self._stats
+                self._live_router(), items, skip, epoch, opts.prefetch, opts.timeout
             )
+        return source
+
+    def _place(self, source: Any) -> Any:
+        """The one point where batches are placed: ``ctx=`` on a prefetch thread, so the
+        copy overlaps with training; ``pin_memory`` on the consumer's thread, as in Gluon."""
         if self.ctx is not None:
-            buffer_size = max(1, opts.prefetch or 1)
-            source = DevicePrefetcher(self.ctx, buffer_size=buffer_size).prefetch(source)
+            buffer_size = max(1, self._opts.prefetch or 1)
+            return DevicePrefetcher(self.ctx, buffer_size=buffer_size).prefetch(source)
+        if self.pin is not None:
+            return PinStage(source, self.pin)
         return source
 
     def _inline_maker(self, epoch: int) -> Callable[[Sequence], Any]:
@@ -143,10 +168,10 @@ class Pipeline:
         """The router over a working pool: the current one, or a fresh one after a dead or
         stuck worker broke it."""
         router = self._router
-        if router is not None and router.broken is None and not router.pool.closed:
+        if router is not None and router.healthy:
             return router
         if router is not None:
-            router.pool.close()
+            router.shutdown()
         opts = self._opts
         if not opts.thread_pool and mp.current_process().daemon:
             raise RuntimeError(
@@ -172,11 +197,11 @@ class Pipeline:
 
     def worker_pids(self) -> List[int]:
         """PIDs of the live worker processes (empty for inline or thread workers)."""
-        return self._router.pool.pids() if self._router is not None else []
+        return self._router.pids() if self._router is not None else []
 
     def close(self) -> None:
         """Stop the workers and release their shared memory; idempotent."""
         self.cpp = None  # its C++ threads stop when MXNet frees the iterator
         if self._router is not None:
-            self._router.pool.close()
+            self._router.shutdown()
             self._router = None

@@ -9,12 +9,25 @@ layer may use it.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import numbers
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["check_bool", "check_choice", "check_int", "check_number"]
+__all__ = [
+    "LAST_BATCH_CHOICES",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "check_keywords",
+    "check_number",
+]
+
+# Gluon's ``last_batch`` policies, for the loader's options and the batch samplers alike.
+LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
 
 
 def _is_bool(value: Any) -> bool:
@@ -61,3 +74,27 @@ def check_bool(name: str, value: Any) -> bool:
     if not _is_bool(value):
         raise TypeError(f"{name} must be a bool, got {value!r:.100} ({type(value).__name__})")
     return bool(value)
+
+
+def check_keywords(func: Callable) -> Callable:
+    """Wrap ``func`` so that a misspelled keyword argument gets a ``TypeError`` naming the
+    closest parameter ("did you mean 'num_workers'?") and listing the accepted ones."""
+    params = inspect.signature(func).parameters
+    names = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    names = [n for n in names if n != "self"]
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return func  # it takes any keyword
+
+    @functools.wraps(func)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        for key in kwargs:
+            if key not in params:
+                close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else "."
+                raise TypeError(
+                    f"{func.__qualname__.split('.')[0]}() got an unexpected keyword argument "
+                    f"{key!r}{hint} The accepted keywords are: {', '.join(names)}"
+                )
+        return func(*args, **kwargs)
+
+    return checked

@@ -2,16 +2,19 @@
 
     batch sampler --(seq, indices)--> pool --> reorder buffer --> pin/device --> user
 
-This module holds the arguments, the epoch bookkeeping (epoch number, batches handed out,
-prestarted epochs) and checkpoints. ``_pipeline`` puts the stages together; each stage lives
+This module holds the arguments, the epoch bookkeeping (the next epoch's number, the
+position of the epoch being consumed, an epoch started ahead of ``iter()``) and
+checkpoints. ``_pipeline`` puts the stages together; each stage lives
 in its own module (docs/design.md, "The data path").
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 from mxnet.gluon.data import DataLoader as _GluonDataLoader
 
@@ -20,14 +23,15 @@ from . import batchify as _batchify
 from ._compat import MX2, gluon_positional_order
 from ._engine import interrupts as _interrupts
 from ._engine import options as _options
+from ._engine.consumer import ConsumerStage, Position
 from ._engine.device import check_shards_fit
-from ._engine.epoch import LoaderEpoch
 from ._engine.gluon_cpp import cpp_pipeline
 from ._engine.stats import Stats
 from ._errors import ClosedIteratorError
 from ._pipeline import Pipeline, build_batch_sampler
-from ._validate import check_int
+from ._validate import check_bool, check_int, check_keywords
 from .recordio import thread_safe
+from .sampler import Sampler
 
 __all__ = ["ShardedDataLoader", "DataLoader"]
 
@@ -131,6 +135,7 @@ class ShardedDataLoader(_GluonDataLoader):
     [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
     """
 
+    @check_keywords
     @gluon_positional_order
     def __init__(
         self,
@@ -159,54 +164,84 @@ class ShardedDataLoader(_GluonDataLoader):
         worker_init_fn: Optional[Callable] = None,
         start_method: Optional[str] = None,
         ctx: Any = None,
-        on_worker_death: str = "raise",
         device: Any = None,
+        on_worker_death: str = "raise",
     ) -> None:
-        # Every parameter but the dataset, as given, validated in one place (options).
-        arguments = {k: v for k, v in locals().items() if k not in ("self", "dataset")}
-        opts = self._opts = _options.validate(**arguments)
-        self._length = _options.check_dataset(dataset)
-        self._dataset = dataset
-        if opts.thread_pool and opts.num_workers > 0:
-            self._dataset = thread_safe(dataset)  # Gluon's record datasets share one handle
-        self._stats = Stats()
-        self._batch_sampler = build_batch_sampler(opts, self._length, sampler, batch_sampler)
-        watch = getattr(self._batch_sampler, "_watch_repeats", None)
-        if callable(watch):
-            watch(self, "_stats")  # samples repeated to fill a step go to stats()
-        cpp = self._set_batchify(batchify_fn, dataset, sampler, batch_sampler, start_method)
-        _interrupts.install()
-        self._pipeline = Pipeline(
-            opts, self._dataset, self._length, self._batch_fn, self._stats, cpp
+        # Every parameter but the dataset, validated in one place (options).
+        self._opts = _options.validate(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            last_batch=last_batch,
+            batch_sampler=batch_sampler,
+            batchify_fn=batchify_fn,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            pin_device_id=pin_device_id,
+            prefetch=prefetch,
+            thread_pool=thread_pool,
+            timeout=timeout,
+            auto_reload=auto_reload,
+            try_nopython=try_nopython,
+            seed=seed,
+            mxnet_seed=mxnet_seed,
+            num_shards=num_shards,
+            num_parts=num_parts,
+            part_index=part_index,
+            even_size=even_size,
+            worker_init_fn=worker_init_fn,
+            start_method=start_method,
+            ctx=ctx,
+            on_worker_death=on_worker_death,
+            device=device,
         )
-        check_shards_fit(self._pipeline.ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
+        self._length = _options.check_dataset(dataset)
+        self._given = {"dataset": dataset, "batchify_fn": batchify_fn}
+        self._cpp_args = (sampler, batch_sampler, start_method)
+        self._stats = Stats()
+        self._batch_sampler = build_batch_sampler(self._opts, self._length, sampler, batch_sampler)
+        if isinstance(self._batch_sampler, Sampler):
+            self._batch_sampler.watch_repeats(self._stats)  # repeats to fill a step: stats()
+        _interrupts.install()
         self._closed = False
+        self._pipeline: Optional[Pipeline] = None
+        self._build()
         self._next_epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
-        # Where the epoch being consumed stands: for state_dict().
-        self._position: Dict[str, Any] = {
-            "epoch": 0,
-            "consumed": 0,
-            "sampler": _checkpoint.sampler_state(self._batch_sampler),
-        }
-        self._prestarted: Optional[LoaderEpoch] = None
-        self._open: weakref.WeakSet[LoaderEpoch] = weakref.WeakSet()
-        if opts.auto_reload:
+        # The epoch being consumed (the last one iter() handed out): for state_dict().
+        self._current = Position(0, 0, _checkpoint.sampler_state(self._batch_sampler))
+        self._prestarted: Optional[ConsumerStage] = None
+        self._open: weakref.WeakSet[ConsumerStage] = weakref.WeakSet()
+        if self._opts.auto_reload:
             self._prestarted = self._start_epoch()
 
-    def _set_batchify(self, batchify_fn, dataset, sampler, batch_sampler, start_method):
-        """Sets Gluon's ``_batchify_fn`` and what the workers run; MXNet 2.x's C++ pipeline
-        where ``try_nopython=True`` asks for it and Gluon can use it, else None."""
+    def _build(self) -> None:
+        """Put the data path together from the options, the dataset and the batchify
+        function (again when a subclass assigns one of Gluon's attributes)."""
+        opts, dataset = self._opts, self._given["dataset"]
+        if opts.thread_pool or opts.num_workers == 0:
+            # Gluon's record datasets share one file handle: one per thread instead, for
+            # thread workers and for inline loaders that several threads iterate.
+            dataset = thread_safe(dataset)
+        cpp = self._set_batchify(self._given["batchify_fn"], *self._cpp_args)
+        if self._pipeline is not None:
+            self._pipeline.close()
+        self._pipeline = Pipeline(opts, dataset, self._length, self._batch_fn, self._stats, cpp)
+        check_shards_fit(self._pipeline.ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
+
+    def _set_batchify(self, batchify_fn, sampler, batch_sampler, start_method):
+        """Sets what the workers run (``_batch_fn``); returns MXNet 2.x's C++ pipeline where
+        ``try_nopython=True`` asks for it and Gluon can use it, else None."""
         if batchify_fn is None:
             # Gluon's default: default_batchify_fn in MXNet 1.x, batchify.Stack() in 2.x,
             # which splits list samples into fields as it does tuples.
             batchify_fn = _batchify._FieldStack() if MX2 else _batchify.default_batchify_fn
-        self._batchify_fn = batchify_fn
+            self._given["batchify_fn"] = batchify_fn
         # What the workers run: Gluon's own batchify functions swapped for ours.
         self._batch_fn = _batchify.gluon_equivalent(batchify_fn)
         return cpp_pipeline(
             self._opts,
-            dataset,
+            self._given["dataset"],
             sampler,
             batch_sampler,
             batchify_fn,
@@ -215,7 +250,7 @@ class ShardedDataLoader(_GluonDataLoader):
         )
 
     # ------------------------------------------------------------------ epochs
-    def _start_epoch(self) -> LoaderEpoch:
+    def _start_epoch(self) -> ConsumerStage:
         if self._closed:
             raise ClosedIteratorError("Trying to iterate a closed ShardedDataLoader")
         epoch, skip, sampler_state = self._next_epoch, 0, None
@@ -229,10 +264,20 @@ class ShardedDataLoader(_GluonDataLoader):
             bs.load_state_dict(sampler_state)
         if hasattr(bs, "set_epoch"):
             bs.set_epoch(epoch)
-        start_state = _checkpoint.sampler_state(bs)
-        source = self._pipeline.open(itertools.islice(enumerate(bs), skip, None), epoch, skip)
-        pin = self._pipeline.pin
-        it = LoaderEpoch(self, source, epoch, skip, start_state, pin, self._stats)
+        position = Position(epoch, skip, _checkpoint.sampler_state(bs))
+        # Begun now: a batch sampler reads its epoch when first advanced, and another
+        # iter() may set the next epoch on it before this one is (invariant 5).
+        items = itertools.islice(_begun(enumerate(bs)), skip, None)
+        then = None
+        if self._opts.auto_reload:
+            then = functools.partial(_refresh, weakref.ref(self))
+        it = self._pipeline.open(
+            items,
+            position,
+            end_state=functools.partial(_checkpoint.sampler_state, bs),
+            length=functools.partial(len, bs),
+            then=then,
+        )
         self._open.add(it)
         return it
 
@@ -240,21 +285,8 @@ class ShardedDataLoader(_GluonDataLoader):
         it, self._prestarted = self._prestarted, None
         if it is None:
             it = self._start_epoch()
-        self._position = {"epoch": it.epoch, "consumed": it.consumed, "sampler": it.start_state}
+        self._current = it.position
         return it
-
-    def _batch_consumed(self, it: LoaderEpoch) -> None:
-        if self._position.get("epoch") == it.epoch:
-            self._position["consumed"] = it.consumed
-
-    def _epoch_finished(self, it: LoaderEpoch) -> None:
-        self._position = {
-            "epoch": it.epoch + 1,
-            "consumed": 0,
-            "sampler": _checkpoint.sampler_state(self._batch_sampler),
-        }
-        if self._opts.auto_reload and self._prestarted is None and not self._closed:
-            self._prestarted = self._start_epoch()
 
     def refresh(self) -> None:
         """Start loading the next epoch now (Gluon 1.9.1's name); ``iter()`` then uses it."""
@@ -265,8 +297,8 @@ class ShardedDataLoader(_GluonDataLoader):
         """Drop an epoch started by ``refresh()`` or ``auto_reload`` (Gluon 1.9.1's name)."""
         if self._prestarted is not None:
             self._prestarted.close()
+            self._next_epoch = self._prestarted.epoch  # the dropped epoch was never handed out
             self._prestarted = None
-            self._next_epoch -= 1  # the dropped epoch was never handed out
 
     def __len__(self) -> int:
         return len(self._batch_sampler)
@@ -277,8 +309,18 @@ class ShardedDataLoader(_GluonDataLoader):
         return self._opts.batch_size
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next ``iter()`` run epoch ``epoch`` (later ones follow from it)."""
-        self._next_epoch = check_int("epoch", epoch)
+        """Make the next ``iter()`` run epoch ``epoch`` (later ones follow from it).
+
+        An epoch already started ahead of ``iter()`` (by ``auto_reload`` or ``refresh()``)
+        for another epoch number is dropped, and epoch ``epoch`` is started in its place.
+        """
+        epoch = check_int("epoch", epoch)
+        prestarted = self._prestarted is not None
+        if prestarted and self._prestarted.epoch != epoch:
+            self.clean()
+        self._next_epoch = epoch
+        if prestarted and self._prestarted is None:
+            self.refresh()
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> Dict[str, Any]:
@@ -287,11 +329,12 @@ class ShardedDataLoader(_GluonDataLoader):
         Batches already prefetched but not handed to the user are not counted.
         """
         self._refuse_with_cpp("state_dict()")
+        where = self._current.checkpoint()
         return {
             "version": _checkpoint.STATE_VERSION,
-            "epoch": self._position["epoch"],
-            "consumed": self._position["consumed"],
-            "sampler": self._position["sampler"],
+            "epoch": where["epoch"],
+            "consumed": where["consumed"],
+            "sampler": where["sampler"],
             "seed": self._opts.seed,
             "dataset_len": self._length,
             "batch_size": self._opts.batch_size,
@@ -319,7 +362,7 @@ class ShardedDataLoader(_GluonDataLoader):
             self._prestarted.close()
             self._prestarted = None
         self._resume = resume
-        self._position = dict(resume)
+        self._current = Position(resume["epoch"], resume["consumed"], resume["sampler"])
         self._next_epoch = resume["epoch"]
 
     def _refuse_with_cpp(self, what: str) -> None:
@@ -340,6 +383,8 @@ class ShardedDataLoader(_GluonDataLoader):
         return self._stats.snapshot()
 
     def reset_stats(self) -> None:
+        """Zero every counter of ``stats()``; the wall-clock time restarts at the next batch
+        asked for. Useful to measure one phase of training (after a warm-up epoch, say)."""
         self._stats.reset()
 
     def close(self) -> None:
@@ -358,23 +403,120 @@ class ShardedDataLoader(_GluonDataLoader):
         self.close()
 
     # Gluon's DataLoader attributes, which its subclasses and tools built on it (gluoncv,
-    # gluon-nlp) read: the same names, with Gluon's meaning. ``_worker_pool`` is None
-    # because there is no multiprocessing.Pool to terminate (Gluon's ``__del__`` checks it).
+    # gluon-nlp) read and assign: the same names, with Gluon's meaning. Assigning one takes
+    # effect from the next epoch, as in Gluon (the data path is rebuilt with it), and is
+    # refused while an epoch is open. ``_worker_pool`` is None because there is no
+    # multiprocessing.Pool to terminate (Gluon's ``__del__`` terminates one a subclass sets).
     _worker_pool = None
-    _num_workers = property(lambda self: self._opts.num_workers)
-    _pin_memory = property(lambda self: self._opts.pin_memory)
-    _pin_device_id = property(lambda self: self._opts.pin_device_id)
-    _thread_pool = property(lambda self: self._opts.thread_pool)
-    _timeout = property(lambda self: self._opts.timeout)
-    _prefetch = property(lambda self: self._opts.prefetch)
-    _iter = property(lambda self: self._prestarted)
-    auto_reload = property(lambda self: self._opts.auto_reload)
+
+    def _reconfigure(self, name: str, **changes: Any) -> None:
+        """Apply an assignment to one of Gluon's attributes, refusing it mid-epoch."""
+        if self._prestarted is not None or any(not it.ended for it in self._open):
+            raise RuntimeError(
+                f"cannot assign {name} while an epoch of this loader is open or started "
+                "ahead (auto_reload/refresh); close it (or call clean()) first"
+            )
+        given = {k: changes.pop(k) for k in ("dataset", "batchify_fn") if k in changes}
+        if given.get("batchify_fn", True) is None:
+            raise TypeError("_batchify_fn must be a callable, got None")
+        if "dataset" in given:
+            self._length = _options.check_dataset(given["dataset"])
+        self._opts = dataclasses.replace(self._opts, **changes)
+        self._given.update(given)
+        self._build()
+
+    _num_workers = property(
+        lambda self: self._opts.num_workers,
+        lambda self, v: self._reconfigure(
+            "_num_workers",
+            num_workers=check_int("_num_workers", v),
+            prefetch=2 * check_int("_num_workers", v)
+            if self._opts.prefetch == 2 * self._opts.num_workers
+            else self._opts.prefetch,
+        ),
+    )
+    _pin_memory = property(
+        lambda self: self._opts.pin_memory,
+        lambda self, v: self._reconfigure("_pin_memory", pin_memory=check_bool("_pin_memory", v)),
+    )
+    _pin_device_id = property(
+        lambda self: self._opts.pin_device_id,
+        lambda self, v: self._reconfigure(
+            "_pin_device_id", pin_device_id=check_int("_pin_device_id", v)
+        ),
+    )
+    _thread_pool = property(
+        lambda self: self._opts.thread_pool,
+        lambda self, v: self._reconfigure(
+            "_thread_pool", thread_pool=check_bool("_thread_pool", v)
+        ),
+    )
+    _timeout = property(
+        lambda self: self._opts.timeout,
+        lambda self, v: self._reconfigure("_timeout", timeout=_options.check_timeout(v)),
+    )
+    _prefetch = property(
+        lambda self: self._opts.prefetch,
+        lambda self, v: self._reconfigure("_prefetch", prefetch=check_int("_prefetch", v)),
+    )
+    _dataset = property(
+        lambda self: self._given["dataset"],
+        lambda self, v: self._reconfigure("_dataset", dataset=v),
+    )
+    _batchify_fn = property(
+        lambda self: self._given["batchify_fn"],
+        lambda self, v: self._reconfigure("_batchify_fn", batchify_fn=v),
+    )
+    auto_reload = property(
+        lambda self: self._opts.auto_reload,
+        lambda self, v: self._reconfigure("auto_reload", auto_reload=check_bool("auto_reload", v)),
+    )
+
+    @property
+    def _iter(self) -> Optional[ConsumerStage]:
+        """The epoch started ahead of ``iter()``; assigning None drops it (``clean()``)."""
+        return self._prestarted
+
+    @_iter.setter
+    def _iter(self, value: Any) -> None:
+        if value is not None:
+            raise TypeError(
+                "_iter can only be set to None (which drops the epoch started ahead, as "
+                f"clean() does), got {type(value).__name__}"
+            )
+        self.clean()
+
     # MXNet 2.x's: Gluon's C++ pipeline where try_nopython=True uses it, else None.
     _mx_iter = property(lambda self: self._pipeline.cpp)
 
     def worker_pids(self) -> List[int]:
         """PIDs of the live worker processes (empty for inline or thread workers)."""
         return self._pipeline.worker_pids()
+
+
+def _refresh(loader_ref: Callable[[], Optional[ShardedDataLoader]]) -> None:
+    """``auto_reload``: start the next epoch when one ends, unless the loader is gone or
+    closed (held weakly, so an epoch never keeps its loader alive)."""
+    loader = loader_ref()
+    if loader is not None and not loader._closed:
+        loader.refresh()
+
+
+def _begun(items: Iterator[Any]) -> Iterable[Any]:
+    """``items`` with its first item already drawn (an error drawing it is raised when the
+    epoch reaches it)."""
+    try:
+        first = next(items)
+    except StopIteration:
+        return iter(())
+    except Exception as exc:  # noqa: BLE001 - the user's sampler: raised in order, later
+        return _raising(exc)
+    return itertools.chain((first,), items)
+
+
+def _raising(exc: BaseException) -> Iterator[Any]:
+    raise exc
+    yield  # a generator: the error is raised when it is first advanced
 
 
 DataLoader = ShardedDataLoader

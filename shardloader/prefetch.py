@@ -22,17 +22,18 @@ Ending
     ``StopIteration``. The thread closes its source (if the source has ``close()``) before it
     exits, because it is the only thread that ever touches the source.
 Never blocking forever
-    Every wait on the queue or on a slot lasts at most ``_POLL_INTERVAL_S`` and then re-checks
+    Every wait on the queue or on a slot lasts at most ``PREFETCH_POLL_S`` and then re-checks
     the stop event (thread side) or whether the thread is still alive (consumer side). A
     thread that died without a sentinel becomes a ``shardloader.WorkerError``.
 Shutdown
     ``close()``, the end of the data, and garbage collection all run ``_shutdown`` through one
-    ``weakref.finalize``, so it runs at most once: set the stop event, wake the thread, drop
-    buffered items (their memory is released now, not when the iterator is collected), join
-    with ``_JOIN_TIMEOUT_S``, and drain once more. The thread holds the queue, the event, the
-    semaphore and the source, never the iterator object, so an iterator that is dropped
-    without ``close()`` is collected and its thread stops. Joins are skipped while the
-    interpreter is finalizing. After ``close()``, ``next()`` raises
+    ``weakref.finalize``, so it runs at most once: set the stop event, wake the thread, ask a
+    source that can be cancelled (a loader's epoch: ``cancel()``) to stop waiting for its next
+    item, drop buffered items (their memory is released now, not when the iterator is
+    collected), join with ``PREFETCH_JOIN_S``, and drain once more. The thread holds the
+    queue, the event, the semaphore and the source, never the iterator object, so an
+    iterator that is dropped without ``close()`` is collected and its thread stops. Joins
+    are skipped while the interpreter is finalizing. After ``close()``, ``next()`` raises
     ``shardloader.ClosedIteratorError``.
 """
 
@@ -49,15 +50,13 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from ._compat import DeviceType
 from ._engine import device as _device
+from ._engine import timing
+from ._engine.stage import CLOSED_MESSAGE
+from ._engine.stage import cancel as _cancel
 from ._errors import ClosedIteratorError, WorkerError
 from ._validate import check_int
 
 __all__ = ["Prefetcher", "DevicePrefetcher", "PrefetchIterator"]
-
-# How long one wait on the queue or on a slot lasts before stop/liveness are re-checked.
-_POLL_INTERVAL_S = 0.05
-# How long close() waits for the thread to finish the item it is pulling.
-_JOIN_TIMEOUT_S = 5.0
 
 _thread_ids = itertools.count()
 
@@ -85,7 +84,7 @@ class _Raised:
 
 def _wait_for_slot(slots: threading.Semaphore, stop: threading.Event) -> bool:
     """Take a free slot; False if the iterator was stopped meanwhile."""
-    while not slots.acquire(timeout=_POLL_INTERVAL_S):
+    while not slots.acquire(timeout=timing.PREFETCH_POLL_S):
         if stop.is_set():
             return False
     return not stop.is_set()
@@ -165,19 +164,21 @@ def _shutdown(
     slots: threading.Semaphore,
     stop: threading.Event,
     thread: threading.Thread,
+    source: Any,
 ) -> bool:
     """Stop, drain, join (bounded) and drain again; True if the thread has ended."""
     stop.set()
     slots.release()  # wake a thread waiting for a free slot right away
+    _cancel(source)  # and one waiting inside a loader epoch's next()
     _drain(items)
     if sys.is_finalizing() or thread is threading.current_thread():
         return not thread.is_alive()
-    thread.join(_JOIN_TIMEOUT_S)
+    thread.join(timing.PREFETCH_JOIN_S)
     _drain(items)
     if thread.is_alive():
         warnings.warn(
-            f"prefetch thread {thread.name} did not stop within {_JOIN_TIMEOUT_S} s; it is still "
-            "inside its source's next() and will exit as soon as that returns",
+            f"prefetch thread {thread.name} did not stop within {timing.PREFETCH_JOIN_S} s; it "
+            "is still inside its source's next() and will exit as soon as that returns",
             RuntimeWarning,
             stacklevel=1,
         )
@@ -223,8 +224,9 @@ class PrefetchIterator:
             daemon=True,
         )
         self._thread.start()
+        self._source = source
         self._finalizer = weakref.finalize(
-            self, _shutdown, self._items, self._slots, self._stop, self._thread
+            self, _shutdown, self._items, self._slots, self._stop, self._thread, source
         )
         self._finished = False
         self._closed = False
@@ -235,7 +237,7 @@ class PrefetchIterator:
     def __next__(self) -> Any:
         if self._finished:
             if self._closed:
-                raise ClosedIteratorError("trying to advance a closed prefetch iterator")
+                raise ClosedIteratorError(CLOSED_MESSAGE)
             raise StopIteration
         item = self._take()
         if item is _END:
@@ -255,7 +257,7 @@ class PrefetchIterator:
         """The next queued object, waiting in short slices while the thread is alive."""
         while True:
             try:
-                return self._items.get(timeout=_POLL_INTERVAL_S)
+                return self._items.get(timeout=timing.PREFETCH_POLL_S)
             except queue.Empty:
                 pass
             if not self._thread.is_alive():
@@ -276,6 +278,10 @@ class PrefetchIterator:
         """Stop the thread, drop buffered items and join; safe to call more than once."""
         self._closed = True
         self._finish()
+
+    def cancel(self) -> None:
+        """Ask a source blocked in ``next()`` to give up (the stage contract's ``cancel``)."""
+        _cancel(self._source)
 
     @property
     def closed(self) -> bool:

@@ -12,7 +12,7 @@ import pytest
 from conftest import our_threads, requires_mx1
 from mxnet.gluon.data import ArrayDataset, DataLoader
 
-from shardloader import prefetch
+from shardloader._engine import timing
 from shardloader._errors import ClosedIteratorError, LoaderTimeoutError
 from shardloader.dataiter import LoaderDataIter, PrefetchingIter
 
@@ -473,7 +473,7 @@ def test_loader_dataiter_under_prefetching_iter_trains():
 
 
 def test_prefetching_reset_refuses_to_race_a_stuck_iterator(monkeypatch):
-    monkeypatch.setattr(prefetch, "_JOIN_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(timing, "PREFETCH_JOIN_S", 0.05)
 
     class Slow(FailingIter):
         def next(self):

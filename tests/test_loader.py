@@ -161,9 +161,9 @@ def test_prefetch_bounds_work_in_flight():
             it = iter(loader)
             time.sleep(0.3)
             # Nothing consumed yet: only `prefetch` batches may have been dispatched.
-            assert it._source._in_flight() == prefetch
+            assert it._source.in_flight == prefetch
             next(it)
-            assert it._source._in_flight() <= max(prefetch, 1)
+            assert it._source.in_flight <= max(prefetch, 1)
 
 
 def test_pin_memory_returns_pinned_ndarrays(backend):

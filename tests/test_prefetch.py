@@ -19,6 +19,7 @@ from conftest import our_threads
 
 from shardloader import prefetch
 from shardloader._engine import device as _device
+from shardloader._engine import timing
 from shardloader._errors import ClosedIteratorError, WorkerError
 from shardloader.prefetch import DevicePrefetcher, Prefetcher, PrefetchIterator
 
@@ -188,7 +189,7 @@ def test_back_pressure_bounds_items_in_flight():
     source = Source(int, 100)
     it = Prefetcher(buffer_size=3).prefetch(source)
     assert wait_until(lambda: source.pulled == 3)
-    time.sleep(5 * prefetch._POLL_INTERVAL_S)
+    time.sleep(5 * timing.PREFETCH_POLL_S)
     assert source.pulled == 3  # the thread waits for a free slot before pulling more
     assert next(it) == 0
     assert wait_until(lambda: source.pulled == 4)

@@ -234,11 +234,11 @@ def test_a_copied_sampler_drops_its_listeners():
 
     sampler = ShardGroupSampler(BatchSampler(SequentialSampler(2), 2), 3)
 
-    class Owner:  # a loader stand-in: held weakly, with a stats object
-        stats = SimpleNamespace(repeated_samples=0)
+    class Stats:  # a loader's statistics stand-in (held weakly)
+        repeated_samples = 0
 
-    owner = Owner()
-    sampler._watch_repeats(owner, "stats")
+    owner = SimpleNamespace(stats=Stats())
+    sampler.watch_repeats(owner.stats)
     assert list(sampler) == [[[0], [1], [0]]]
     assert owner.stats.repeated_samples == sampler.repeated_samples == 1
     clone = pickle.loads(pickle.dumps(sampler))

@@ -1,21 +1,34 @@
 """The data path: each stage of it is one module here (docs/design.md, "The data path").
 
-::
+Each batch goes one way, and comes back by return value: every stage pulls from the one
+before it by calling it (``stage``: the contract they all follow)::
 
-    batch sampler --(seq, indices)--> router --Task--> pool --> worker: BatchMaker makes
-    (shardloader.sampler)             (router)         (pools)  the batch (batch), into a
-                                                                 slot (ipc.slots)
-                                                                        |
-    user <-- pin / device <-- LoaderEpoch <-- reorder <-- Result <-- protocol.Reply
-             (device)         (epoch)         (reorder)  (protocol)  (ipc.table maps the slot)
+    iter(loader) -> ConsumerStage -> placement -> PooledEpoch ------> Router ------> Pool
+                    (consumer)       (device,     (epoch: in-flight   (router:       (pools)
+                                      prefetch)    bound, deadline)    reorder,        |
+                                                                       restart)       v
+                                                 or InlineEpoch             worker: BatchMaker
+                                                 (epoch: loads in           (worker, batch)
+                                                 the caller's thread)       into a slot (ipc)
+
+``take`` on the router returns a batch already received (``protocol``), reordered
+(``reorder``) and materialised over its slot (``ipc.table``). Placement is one of: nothing;
+``PinStage`` on the consumer's thread (``pin_memory``); a prefetch thread that copies to
+``ctx=`` (``shardloader.prefetch``). ``shardloader._pipeline`` chooses it.
 
 =============  =================================================================================
 module         what it does
 =============  =================================================================================
 options        every loader argument, validated once (``LoaderOptions``)
-epoch          an epoch: inline (``InlineEpoch``) or over a pool (``PooledEpoch``: the in-flight
-               bound, timeouts); ``LoaderEpoch`` counts what the user consumed
-router         routes a pool's results to the open epochs; worker death and restart
+stage          the contract of every stage: ``__next__``, idempotent ``close()``, ``closed``,
+               ``with``, ``cancel()``, one ``ClosedIteratorError`` message
+consumer       what ``iter(loader)`` returns (``ConsumerStage``): wait time, Ctrl-C, and a
+               ``Position`` record the loader reads for checkpoints
+epoch          an epoch's source: inline (``InlineEpoch``) or over the router
+               (``PooledEpoch``: the in-flight bound and the deadline)
+router         the only door to the pool: ``open``/``dispatch``/``take``/``close``; one reorder
+               buffer per epoch, the registry of outstanding work, worker death and restart
+timing         every timing constant of the data path
 pools          one ``Pool`` protocol; ``pools.process`` and ``pools.thread``
 protocol       every message: ``Task``/``Result``/``WorkerLost``, and the worker pipe's
 worker         the one worker loop, for threads and processes; ``get_worker_info``
@@ -25,7 +38,7 @@ reorder        results back in sampler order
 stats          what ``stats()`` reports
 ipc            shared memory and allocation (``slots``, ``table``, ``alloc``, ``bufferpool``,
                ``lease``, ``inherit``)
-device         ``pin_memory``, ``ctx=`` and per-shard placement
+device         ``pin_memory`` (``PinStage``), ``ctx=`` and per-shard placement
 nest           the one walker over nested batches
 interrupts     Ctrl-C that Python swallowed in a destructor, raised again
 lifeline       a worker process dies with the main process

@@ -4,10 +4,11 @@ A device is what MXNet 1.x calls a context (``mx.Context``) and 2.x a device
 (``mx.device.Device``): ``mx.cpu(0)``, ``mx.gpu(1)``, ``mx.cpu_pinned(0)``. Both versions'
 spellings go through ``shardloader._compat``.
 
-These helpers start no threads and never wait unless asked to (``wait_to_read``). The
-prefetch stage (``shardloader.prefetch``) calls them on its background thread, so a copy
-overlaps with training; the loader calls them for ``pin_memory`` with
-``mx.cpu_pinned(pin_device_id)``.
+These helpers start no threads and never wait unless asked to (``wait_to_read``). Where
+they run is chosen in one place, ``shardloader._pipeline``: ``ctx=`` placement runs on a
+prefetch thread (``shardloader.prefetch``), so a copy overlaps with training, and
+``pin_memory`` runs in ``PinStage`` on the consumer's thread, as Gluon does (a host copy is
+a plain memcpy, cheaper than handing every batch across threads).
 
 Only ``NDArray`` leaves move. numpy arrays, numbers, strings and anything else pass through
 unchanged, so a batch can carry lengths or metadata next to its arrays.
@@ -25,8 +26,17 @@ from .._compat import DEVICE_ARG, DeviceType, device_of, is_device, to_device
 from .batch import is_sharded
 from .ipc.lease import HOST_DEVICES, host_view
 from .nest import leaves, map_leaves
+from .stage import Stage
 
-__all__ = ["device_argument", "normalize_ctx", "pin", "place", "place_shards", "wait_to_read"]
+__all__ = [
+    "PinStage",
+    "device_argument",
+    "normalize_ctx",
+    "pin",
+    "place",
+    "place_shards",
+    "wait_to_read",
+]
 
 CtxArg = Union[DeviceType, Sequence[DeviceType]]
 
@@ -240,6 +250,17 @@ def placement(ctx: Any, name: str = "ctx") -> Any:
             return ctx[0]
         return ctx
     return None
+
+
+class PinStage(Stage):
+    """The stage that copies each batch to pinned memory on the consumer's thread."""
+
+    def __init__(self, source: Any, ctx: DeviceType) -> None:
+        self._source = source
+        self._ctx = ctx
+
+    def _next(self) -> Any:
+        return pin(next(self._source), self._ctx)  # Gluon's containers: tuples become lists
 
 
 def pin_context(pin_memory: bool, pin_device_id: int) -> Any:

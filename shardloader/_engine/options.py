@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from .._compat import MX2
-from .._validate import check_choice, check_int
-from ..sampler._batch import LAST_POLICIES as LAST_BATCH_CHOICES
+from .._validate import LAST_BATCH_CHOICES, check_bool, check_choice, check_int
+from .device import device_argument, placement
 
 ON_WORKER_DEATH_CHOICES = ("raise", "restart")
 MXNET_SEED_CHOICES = ("batch", "sample")
@@ -64,24 +64,69 @@ def check_dataset(dataset: Any) -> int:
     return len(dataset)
 
 
-def validate(**given: Any) -> LoaderOptions:
-    """Check every argument of ``shardloader.ShardedDataLoader`` but the dataset (``given``:
-    each by its parameter name); the options, in canonical types."""
-    from .device import device_argument
-
-    v = dict(given)
-    v["ctx"], v["ctx_name"] = device_argument(v["ctx"], v.pop("device"))
+def validate(
+    *,
+    batch_size: Any,
+    shuffle: Any,
+    sampler: Any,
+    last_batch: Any,
+    batch_sampler: Any,
+    batchify_fn: Any,
+    num_workers: Any,
+    pin_memory: Any,
+    pin_device_id: Any,
+    prefetch: Any,
+    thread_pool: Any,
+    timeout: Any,
+    auto_reload: Any,
+    try_nopython: Any,
+    seed: Any,
+    mxnet_seed: Any,
+    num_shards: Any,
+    num_parts: Any,
+    part_index: Any,
+    even_size: Any,
+    worker_init_fn: Any,
+    start_method: Any,
+    ctx: Any,
+    on_worker_death: Any,
+    device: Any,
+) -> LoaderOptions:
+    """Check every argument of ``shardloader.ShardedDataLoader`` but the dataset; the
+    options, in canonical types. ``sampler``, ``batch_sampler`` and ``batchify_fn`` are
+    only checked: the loader builds its batch sampler and batchify from them itself."""
+    v: Dict[str, Any] = dict(
+        batch_size=batch_size,
+        shuffle=check_bool("shuffle", shuffle),
+        sampler=sampler,
+        last_batch=last_batch,
+        batch_sampler=batch_sampler,
+        batchify_fn=batchify_fn,
+        pin_memory=check_bool("pin_memory", pin_memory),
+        thread_pool=check_bool("thread_pool", thread_pool),
+        auto_reload=check_bool("auto_reload", auto_reload),
+        even_size=check_bool("even_size", even_size),
+        seed=seed,
+        mxnet_seed=mxnet_seed,
+        num_shards=num_shards,
+        num_parts=num_parts,
+        part_index=part_index,
+        worker_init_fn=worker_init_fn,
+        start_method=start_method,
+        on_worker_death=on_worker_death,
+    )
+    v["ctx"], v["ctx_name"] = device_argument(ctx, device)
+    if v["ctx"] is not None:
+        placement(v["ctx"], v["ctx_name"])  # the type of each context, checked now
     _check_batching(v)
     for name in ("batchify_fn", "worker_init_fn"):
         if v[name] is not None and not callable(v[name]):
             raise TypeError(f"{name} must be callable, got {type(v[name]).__name__}")
-    v["num_workers"] = check_int("num_workers", v["num_workers"])
-    v["pin_device_id"] = check_int("pin_device_id", v["pin_device_id"])
-    if v["prefetch"] is None:
-        v["prefetch"] = 2 * v["num_workers"]
-    v["prefetch"] = check_int("prefetch", v["prefetch"])
-    v["timeout"] = _check_timeout(v["timeout"])
-    v["try_nopython"] = _check_try_nopython(v["try_nopython"])
+    v["num_workers"] = check_int("num_workers", num_workers)
+    v["pin_device_id"] = check_int("pin_device_id", pin_device_id)
+    v["prefetch"] = check_int("prefetch", 2 * v["num_workers"] if prefetch is None else prefetch)
+    v["timeout"] = check_timeout(timeout)
+    v["try_nopython"] = _check_try_nopython(try_nopython)
     if v["seed"] is not None:
         v["seed"] = check_int("seed", v["seed"])
     check_choice("mxnet_seed", v["mxnet_seed"], MXNET_SEED_CHOICES)
@@ -97,8 +142,6 @@ def validate(**given: Any) -> LoaderOptions:
             f"pin_memory and {name} must not both be given: {name} already places "
             f"each batch (use mx.cpu_pinned(i) in {name} to pin)"
         )
-    for name in ("shuffle", "pin_memory", "thread_pool", "auto_reload", "even_size"):
-        v[name] = bool(v[name])
     for name in ("sampler", "batch_sampler", "batchify_fn"):
         del v[name]  # the loader builds its batch sampler and batchify from these itself
     return LoaderOptions(**v)
@@ -136,7 +179,7 @@ def _check_sharding(v: Dict[str, Any]) -> None:
         )
 
 
-def _check_timeout(timeout: Any) -> Optional[float]:
+def check_timeout(timeout: Any) -> Optional[float]:
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):

@@ -1,61 +1,214 @@
-"""Result routing, worker death and restart: what stands between a pool and its epochs.
+"""The router: the one door between the epochs and their worker pool.
 
-A ``Router`` owns a pool (``pools``) and the map from iterator ids to the open epochs
-(``epoch.PooledEpoch``). Several epochs may be open on one pool at once (``it1 =
-iter(loader); it2 = iter(loader)``): whichever is waiting reads the pool and delivers
-everyone's results. It also sizes tasks (several tiny batches to one message), and turns a
-worker's death into a restart or an error that names the worker and its batches
-(docs/design.md, invariant 3).
+An epoch (``epoch.PooledEpoch``) never sees the pool. It talks to the router in four verbs,
+and every batch comes back to it as a return value:
+
+``open(iter_id, start)``
+    Start routing an epoch's results: the router keeps one reorder buffer per open epoch.
+``dispatch(iter_id, epoch, batches)``
+    Send batches ``(seq, indices)`` to the workers; they join the registry of outstanding
+    work (``in_flight``).
+``take(iter_id, wait_s)``
+    The epoch's next batch in sampler order, already received, reordered and materialised,
+    with its bytes counted; or ``NOT_READY`` if it did not arrive within ``wait_s``. While
+    it waits, the router reads the pool for every open epoch (several may be open on one
+    pool: ``it1 = iter(loader); it2 = iter(loader)``).
+``close(iter_id)``
+    Stop routing the epoch; its buffered batches are freed now, and results still on their
+    way are freed as they arrive.
+
+Everything about the pool stays in here, with one writer: worker death and restart
+(``on_worker_death``), the registry of outstanding work (``(iter_id, seq) -> indices``,
+read by dispatch, restart, timeouts and the epochs' in-flight bound), task sizing (several
+tiny batches to one message), and whether the pool must be rebuilt (``healthy``). A lock
+makes each verb atomic, so epochs on different threads share one router safely.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+import threading
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .._errors import WorkerDiedError, describe_exitcode, short_indices
-from .protocol import Task, WorkerLost
-from .stats import Stats
+from .._errors import (
+    ClosedIteratorError,
+    LoaderTimeoutError,
+    WorkerDiedError,
+    describe_exitcode,
+    short_indices,
+)
+from .protocol import Result, Task, WorkerLost
+from .reorder import ReorderBuffer
+from .stats import Stats, batch_nbytes
+from .timing import TINY_BATCH_S
 
-# Batches cheaper than this (worker time) are sent several to a task, so the per-message
-# cost of waking a worker and reading its reply is shared between them.
-_TINY_BATCH_S = 0.0005
 # How often on_worker_death='restart' re-sends one batch whose worker died.
 _MAX_RESTARTS_PER_BATCH = 2
 # Weight of the newest batch in the running mean of worker time per batch.
 _EMA_WEIGHT = 0.1
 
-__all__ = ["Router"]
+__all__ = ["NOT_READY", "Router"]
+
+
+class _NotReady:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<batch not ready>"
+
+
+NOT_READY = _NotReady()
+
+
+class _Route:
+    """One open epoch, as the router sees it."""
+
+    __slots__ = ("buffer", "pending", "error")
+
+    def __init__(self, start: int) -> None:
+        self.buffer = ReorderBuffer(start=start)
+        self.pending: Dict[int, Sequence] = {}  # seq -> indices: dispatched, not arrived
+        self.error: Optional[BaseException] = None  # ends the epoch once its batches are out
 
 
 class Router:
-    """A pool plus the routing of its results to the epochs that asked for them.
+    """A worker pool and the epochs it serves (see the module docstring for the verbs).
 
-    Several epochs may be open on one pool at once (``it1 = iter(loader); it2 =
-    iter(loader)``); whichever is waiting reads the pool and delivers everyone's results.
+    Parameters
+    ----------
+    pool : Pool
+        A ``pools.ProcessPool`` or ``pools.ThreadPool``; the router owns it from now on.
+    on_worker_death : {'raise', 'restart'}
+        What a dead worker process means: an error for every open epoch, or a new worker
+        and the lost batches sent again.
+    stats : Stats
+        The loader's counters (bytes, worker time, reorder depth).
     """
 
     def __init__(self, pool, on_worker_death: str, stats: Stats) -> None:
-        self.pool = pool
-        self.on_worker_death = on_worker_death
-        self.stats = stats
-        # Weak, so an epoch the user abandoned (``break``) is collected and frees its batches.
-        self.routes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.broken: Optional[BaseException] = None  # why the pool must be rebuilt
-        self.mean_busy_s: Optional[float] = None
-        self._losses: Dict[Tuple[int, int], int] = {}  # (iter_id, seq) -> times its worker died
+        self._pool = pool
+        self._on_worker_death = on_worker_death
+        self._stats = stats
+        self._routes: Dict[int, _Route] = {}
+        self._broken: Optional[BaseException] = None  # why the pool must be rebuilt
+        self._mean_busy_s: Optional[float] = None
+        self._losses: Dict[Tuple[int, int], int] = {}  # (iter_id, seq) -> deaths of its worker
+        self._lock = threading.RLock()
+
+    # -- the pool's state
+    @property
+    def healthy(self) -> bool:
+        """Whether the pool can serve another epoch (no lost worker, stuck batch or
+        interrupted pipe I/O since it started)."""
+        return self._broken is None and not self._pool.closed
+
+    @property
+    def kind(self) -> str:
+        """``"process"`` or ``"thread"``."""
+        return self._pool.kind
+
+    def pids(self) -> List[int]:
+        return self._pool.pids()
+
+    def shutdown(self) -> None:
+        """Stop the workers and release their shared memory; idempotent."""
+        self._pool.close()
+
+    # -- the verbs
+    def open(self, iter_id: int, start: int) -> None:
+        with self._lock:
+            self._routes[iter_id] = _Route(start)
+
+    def close(self, iter_id: int) -> None:
+        """Stop routing ``iter_id``'s results and free the batches it buffered; idempotent.
+        Also what an abandoned epoch's finalizer runs."""
+        with self._lock:
+            route = self._routes.pop(iter_id, None)
+            if route is None:
+                return
+            for seq in route.pending:
+                self._losses.pop((iter_id, seq), None)
+            for _, result in route.buffer.drain():
+                self._pool.discard(result)
+            self._stats.reorder_depth = 0
 
     def chunk(self, limit: int) -> int:
         """Batches per task: 1, or a worker's share of ``limit`` when batches are tiny."""
-        mean = self.mean_busy_s
-        if mean is None or mean >= _TINY_BATCH_S:
+        mean = self._mean_busy_s
+        if mean is None or mean >= TINY_BATCH_S:
             return 1
-        return max(1, limit // self.pool.num_workers)
+        return max(1, limit // self._pool.num_workers)
 
-    def submit(self, task: Task) -> None:
-        with self._io():
-            self.pool.submit(task)
+    def in_flight(self, iter_id: int) -> int:
+        """Batches of ``iter_id`` dispatched and not yet taken."""
+        route = self._routes.get(iter_id)
+        return 0 if route is None else len(route.pending) + len(route.buffer)
+
+    def dispatch(self, iter_id: int, epoch: int, batches: List[Tuple[int, Sequence]]) -> None:
+        with self._lock:
+            route = self._live_route(iter_id)
+            for seq, indices in batches:
+                route.pending[seq] = indices
+            with self._io():
+                self._pool.submit(Task(iter_id, epoch, batches))
+
+    def take(self, iter_id: int, wait_s: float) -> Any:
+        """The next batch of ``iter_id`` in order, or ``NOT_READY`` after ``wait_s``.
+
+        Raises the error of a batch that failed in its worker (the epoch should end), or a
+        ``WorkerDiedError`` once a lost worker's batches are all that is left.
+        """
+        with self._lock:
+            route = self._live_route(iter_id)
+            if not route.buffer.ready():
+                if route.error is None:
+                    self._pump(wait_s)
+                if not route.buffer.ready():
+                    if route.error is not None:
+                        raise route.error
+                    return NOT_READY
+            result = route.buffer.pop()
+            self._stats.reorder_depth = len(route.buffer)
+            if not result.ok:
+                raise result.payload.rebuild()
+            before = self._pool.bytes_delivered
+            batch = self._pool.materialize(result)
+        delivered = self._pool.bytes_delivered - before
+        self._stats.bytes += delivered if delivered else batch_nbytes(batch)
+        return batch
+
+    def timed_out(self, iter_id: int, elapsed: float, timeout: float) -> LoaderTimeoutError:
+        """The error for ``iter_id``'s next batch not arriving within ``timeout``; the pool
+        is marked for rebuilding (a worker may be stuck on it)."""
+        with self._lock:
+            route = self._live_route(iter_id)
+            seq = route.buffer.next_seq
+            indices = route.pending.get(seq)
+            kind = self._pool.kind
+            causes = "a slow dataset __getitem__ or batchify_fn (raise timeout=...)"
+            if kind == "process":
+                causes += ", a worker stuck on a lock or I/O, or a system out of memory"
+            error = LoaderTimeoutError(
+                f"batch {seq} (indices {short_indices(indices)}) was not ready after "
+                f"{elapsed:.1f}s (timeout={timeout}s, {kind} workers). Likely causes: "
+                f"{causes}. The workers will be restarted on the next epoch.",
+                seq=seq,
+                indices=indices,
+                elapsed=elapsed,
+            )
+            self._break(error)
+            return error
+
+    # -- inside
+    def _live_route(self, iter_id: int) -> _Route:
+        route = self._routes.get(iter_id)
+        if route is None:  # closed by another thread (or its finalizer) meanwhile
+            raise ClosedIteratorError("the loader iterator was closed while waiting")
+        return route
+
+    def _break(self, error: BaseException) -> None:
+        if self._broken is None:
+            self._broken = error
 
     @contextlib.contextmanager
     def _io(self) -> Iterator[None]:
@@ -65,28 +218,35 @@ class Router:
         try:
             yield
         except BaseException as exc:
-            if self.broken is None:
-                self.broken = exc
+            self._break(exc)
             raise
 
-    def pump(self, timeout: float) -> None:
+    def _pump(self, wait_s: float) -> None:
+        """Read the pool once (up to ``wait_s``) and route what arrived to its epochs."""
         with self._io():
-            results, lost = self.pool.poll(timeout)
+            results, lost = self._pool.poll(max(wait_s, 0.0))
         for r in results:
-            busy = self.stats.worker_busy_s
-            busy[r.worker_id] = busy.get(r.worker_id, 0.0) + r.busy_s
-            if r.ok:
-                mean = self.mean_busy_s
-                self.mean_busy_s = (
-                    r.busy_s if mean is None else (mean + _EMA_WEIGHT * (r.busy_s - mean))
-                )
-            epoch = self.routes.get(r.iter_id)
-            if epoch is None:
-                self.pool.discard(r)  # its epoch was closed: free the slot
-            else:
-                epoch._accept(r)
+            self._account(r)
+            route = self._routes.get(r.iter_id)
+            if route is None:
+                self._pool.discard(r)  # its epoch was closed: free the slot
+                continue
+            route.pending.pop(r.seq, None)
+            self._losses.pop((r.iter_id, r.seq), None)
+            route.buffer.put(r.seq, r)
+            depth = len(route.buffer)
+            self._stats.reorder_depth = depth
+            if depth > self._stats.max_reorder_depth:
+                self._stats.max_reorder_depth = depth
         for death in lost:
             self._handle_death(death)
+
+    def _account(self, r: Result) -> None:
+        busy = self._stats.worker_busy_s
+        busy[r.worker_id] = busy.get(r.worker_id, 0.0) + r.busy_s
+        if r.ok:
+            mean = self._mean_busy_s
+            self._mean_busy_s = r.busy_s if mean is None else mean + _EMA_WEIGHT * (r.busy_s - mean)
 
     def _handle_death(self, death: WorkerLost) -> None:
         """A worker died (a process) or stopped on an error outside a batch (a thread).
@@ -98,22 +258,24 @@ class Router:
         for iter_id, seq, _ in lost:
             self._losses[(iter_id, seq)] = self._losses.get((iter_id, seq), 0) + 1
         retry = all(self._losses[(g, s)] <= _MAX_RESTARTS_PER_BATCH for g, s, _ in lost)
-        if self.on_worker_death == "restart" and retry and self.pool.can_restart:
+        if self._on_worker_death == "restart" and retry and self._pool.can_restart:
             try:
-                self.pool.restart(death.worker_id)
-                for task in death.tasks:
-                    if task.iter_id in self.routes:
-                        self.submit(task)
+                with self._io():
+                    self._pool.restart(death.worker_id)
+                    for task in death.tasks:
+                        if task.iter_id in self._routes:
+                            self._pool.submit(task)
             except BaseException as exc:
-                self.broken = exc  # the pool is short of a worker: rebuild it
-                for epoch in list(self.routes.values()):
-                    epoch._fail(exc)
+                self._fail_all(exc)  # the pool is short of a worker: rebuild it
                 raise
             return
-        error = _death_error(death, lost, retry)
-        self.broken = error
-        for epoch in list(self.routes.values()):
-            epoch._fail(error)
+        self._fail_all(_death_error(death, lost, retry))
+
+    def _fail_all(self, error: BaseException) -> None:
+        self._break(error)
+        for route in self._routes.values():
+            if route.error is None:
+                route.error = error
 
 
 def _death_error(death: WorkerLost, lost: List[Tuple[int, int, Sequence]], retry: bool):
@@ -151,7 +313,7 @@ def _death_error(death: WorkerLost, lost: List[Tuple[int, int, Sequence]], retry
             f"{describe_exitcode(death.exitcode)} while loading {what or 'no batch'}. "
             f"{advice}"
         )
-    error = WorkerDiedError(
+    return WorkerDiedError(
         message,
         pid=death.pid,
         exitcode=death.exitcode,
@@ -160,4 +322,3 @@ def _death_error(death: WorkerLost, lost: List[Tuple[int, int, Sequence]], retry
         indices=lost[0][2] if lost else None,
         remote_traceback=traceback_text,
     )
-    return error

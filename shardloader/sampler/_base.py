@@ -150,18 +150,17 @@ class Sampler(_GluonSampler):
             # A listener that answers False is gone (its loader was collected): drop it.
             listeners[:] = [listener for listener in listeners if listener(count) is not False]
 
-    def _watch_repeats(self, owner: Any, counter: str) -> None:
-        """Add every later repeat to ``getattr(owner, counter).repeated_samples``; ``owner``
-        is held weakly, so a loader that watches a sampler it was given can be collected."""
-        ref = weakref.ref(owner)
+    def watch_repeats(self, counter: Any) -> None:
+        """Add every later repeat to ``counter.repeated_samples`` (a loader's statistics);
+        ``counter`` is held weakly, so a loader that watches a sampler it was given can be
+        collected."""
+        ref = weakref.ref(counter)
 
         def listener(count: int) -> bool:
             target = ref()
             if target is None:
                 return False
-            stats = getattr(target, counter, None)
-            if stats is not None:
-                stats.repeated_samples += count
+            target.repeated_samples += count
             return True
 
         if self._repeat_listeners is None:
@@ -245,6 +244,22 @@ class Sampler(_GluonSampler):
         probe = self._probe()
         probe._load_state(state)  # checks as it goes, changing only the copies
         self._adopt(probe)
+
+    def tried_on(self, state: Dict[str, Any]) -> Sampler:
+        """A copy of this sampler with ``state`` loaded, this one unchanged: how a
+        checkpoint is checked before anything changes. Raises as ``load_state_dict``."""
+        probe = self._probe()
+        probe._load_state(state)
+        return probe
+
+    def carried_indices(self) -> Iterator[int]:
+        """The sample indices this sampler, and the samplers it wraps, carry into their
+        next pass (``last_batch='rollover'``)."""
+        sampler: Any = self
+        while isinstance(sampler, Sampler):
+            for item in sampler.__dict__.get("_carry", ()):
+                yield from item if isinstance(item, list) else (item,)
+            sampler = sampler.__dict__.get("_sampler")
 
     def _probe(self) -> Sampler:
         """A copy to try a state on: it shares every attribute with this sampler, except the

@@ -30,15 +30,15 @@ from typing import (
 
 import numpy as np
 
-from .._validate import check_choice, check_int
+from .._validate import LAST_BATCH_CHOICES, check_choice, check_int
 from ._base import FilledStep, Sampler
 from ._state import StateTypeError, is_index, json_ready, state_value
 from ._wrap import _WrapperMixin, check_sampler, initial_epoch
 
 __all__ = ["BatchSampler", "ShardGroupSampler", "fill_step"]
 
-# The one definition of the last-batch policies, which the loader's ``last_batch`` takes too.
-LAST_POLICIES = ("keep", "discard", "rollover")
+# Gluon's last-batch policies (defined with the argument checks, which the loader shares).
+LAST_POLICIES = LAST_BATCH_CHOICES
 GROUP_POLICIES = ("keep", "partial", "discard", "rollover")
 
 # What ``full_groups`` returns after its last full group: the short rest (possibly empty),

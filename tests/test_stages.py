@@ -1,0 +1,246 @@
+"""The engine's stages on their own, without the loader: one contract test over every stage
+of an epoch (``_engine.stage``), and the router's verbs over both kinds of pool."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from shardloader import batchify
+from shardloader._engine.consumer import ConsumerStage, Position
+from shardloader._engine.device import PinStage
+from shardloader._engine.epoch import InlineEpoch, PooledEpoch
+from shardloader._engine.ipc.alloc import numpy_flags
+from shardloader._engine.pools import ProcessPool, ThreadPool
+from shardloader._engine.router import NOT_READY, Router
+from shardloader._engine.stage import CLOSED_MESSAGE
+from shardloader._engine.stats import Stats
+from shardloader._errors import ClosedIteratorError, LoaderTimeoutError
+from shardloader.prefetch import DevicePrefetcher
+
+DATA = np.arange(40, dtype="float32")
+BATCHES = [list(range(4 * i, 4 * i + 4)) for i in range(10)]
+
+
+def _pool(kind: str, dataset=DATA, workers: int = 2):
+    cls = ThreadPool if kind == "thread" else ProcessPool
+    return cls(
+        workers,
+        dataset,
+        batchify.Stack(),
+        native_batchify=True,
+        seed=None,
+        worker_init_fn=None,
+        start_method="fork",
+        mxnet_per_sample=False,
+        numpy_flags=numpy_flags(),
+    )
+
+
+def _items():
+    return iter(enumerate(BATCHES))
+
+
+class _Closeable:
+    """A source that records whether it was closed."""
+
+    def __init__(self, items) -> None:
+        self.items = iter(items)
+        self.closed = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.items)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _inline(source):
+    stats = Stats()
+    return InlineEpoch(source, lambda idx: mx.nd.array(DATA[idx]), stats)
+
+
+def _arrays():
+    return _Closeable(mx.nd.array(DATA[b]) for b in BATCHES)
+
+
+# Each maker returns (stage, the source it must close or None).
+def _make_inline():
+    src = _Closeable(enumerate(BATCHES))
+    return _inline(src), src
+
+
+def _make_pin():
+    src = _arrays()
+    return PinStage(src, mx.cpu_pinned(0)), src
+
+
+def _make_consumer():
+    src = _arrays()
+    position = Position(0, 0, None)
+    return ConsumerStage(src, position, Stats(), lambda: None, lambda: 10), src
+
+
+def _make_device():
+    src = _arrays()
+    return DevicePrefetcher(mx.cpu(1)).prefetch(src), src
+
+
+def _make_pooled():
+    router = Router(_pool("thread"), "raise", Stats())
+    src = _Closeable(enumerate(BATCHES))
+    stage = PooledEpoch(router, src, 0, 0, prefetch=4, timeout=10)
+    stage.router_for_test = router
+    return stage, src
+
+
+MAKERS = {
+    "inline": _make_inline,
+    "pooled": _make_pooled,
+    "pin": _make_pin,
+    "device": _make_device,
+    "consumer": _make_consumer,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_every_stage_follows_the_contract(name, no_leaks):
+    stage, source = MAKERS[name]()
+    try:
+        # __next__ gives the items in order
+        first = next(stage)
+        assert first.asnumpy().tolist() == BATCHES[0]
+        assert not stage.closed
+        # close() is idempotent, closes the source once, and advancing raises one message
+        stage.close()
+        stage.close()
+        assert stage.closed
+        assert source.closed == 1
+        with pytest.raises(ClosedIteratorError, match=f"^{CLOSED_MESSAGE}$"):
+            next(stage)
+        del first
+    finally:
+        router = getattr(stage, "router_for_test", None)
+        if router is not None:
+            router.shutdown()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_every_stage_ends_with_its_data_and_is_a_context_manager(name, no_leaks):
+    stage, source = MAKERS[name]()
+    try:
+        with stage as it:
+            got = [b.asnumpy().tolist() for b in it]
+            assert got == BATCHES
+            with pytest.raises(StopIteration):
+                next(it)
+            assert source.closed == 1  # ended: released and closed its source
+        assert stage.closed
+    finally:
+        router = getattr(stage, "router_for_test", None)
+        if router is not None:
+            router.shutdown()
+
+
+# -- the router, over both pools
+
+
+@pytest.fixture(params=["thread", "process"])
+def router(request):
+    r = Router(_pool(request.param), "raise", Stats())
+    yield r
+    r.shutdown()
+
+
+def _take(router, iter_id, deadline_s=10.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        batch = router.take(iter_id, 0.05)
+        if batch is not NOT_READY:
+            return batch
+    raise AssertionError("no batch within the deadline")
+
+
+@pytest.mark.timeout(60)
+def test_router_returns_each_epochs_batches_in_order(no_leaks, router):
+    router.open(1, 0)
+    router.open(2, 0)
+    router.dispatch(1, 0, list(enumerate(BATCHES[:5])))
+    router.dispatch(2, 0, [(0, BATCHES[9]), (1, BATCHES[8])])
+    assert router.in_flight(1) == 5 and router.in_flight(2) == 2
+    assert _take(router, 2).asnumpy().tolist() == BATCHES[9]
+    got = [_take(router, 1).asnumpy().tolist() for _ in range(5)]
+    assert got == BATCHES[:5]
+    assert _take(router, 2).asnumpy().tolist() == BATCHES[8]
+    assert router.in_flight(1) == 0 and router.in_flight(2) == 0
+    router.close(1)
+    router.close(2)
+    assert router.healthy
+
+
+@pytest.mark.timeout(60)
+def test_router_close_frees_buffered_batches_and_refuses_takes(no_leaks, router):
+    router.open(1, 0)
+    router.dispatch(1, 0, [(seq, BATCHES[seq]) for seq in (1, 2, 3)])  # batch 0 never comes
+    for _ in range(20):  # the three arrive and wait in the reorder buffer for batch 0
+        assert router.take(1, 0.05) is NOT_READY
+    assert router.in_flight(1) == 3
+    router.close(1)
+    router.close(1)  # idempotent
+    assert router.in_flight(1) == 0
+    with pytest.raises(ClosedIteratorError):
+        router.take(1, 0.01)
+
+
+class _Stuck:
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        time.sleep(1.0)
+        return np.float32(i)
+
+
+@pytest.mark.timeout(60)
+def test_router_timeout_names_the_batch_and_marks_the_pool_for_rebuilding(no_leaks):
+    router = Router(_pool("thread", dataset=_Stuck(), workers=1), "raise", Stats())
+    try:
+        stage = PooledEpoch(router, iter(enumerate([[0, 1]])), 0, 0, prefetch=1, timeout=0.2)
+        with pytest.raises(LoaderTimeoutError, match=r"batch 0 \(indices \[0, 1\]\)"):
+            next(stage)
+        assert not router.healthy
+        assert stage.ended
+    finally:
+        router.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_cancel_wakes_a_stage_waiting_on_another_thread(no_leaks):
+    router = Router(_pool("thread", dataset=_Stuck(), workers=1), "raise", Stats())
+    stage = PooledEpoch(router, iter(enumerate([[0], [1]])), 0, 0, prefetch=1, timeout=None)
+    outcome = []
+
+    def consume():
+        try:
+            next(stage)
+        except ClosedIteratorError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    stage.cancel()
+    t.join(5)
+    assert outcome and time.monotonic() - started < 0.5
+    stage.close()
+    router.shutdown()
