@@ -9,6 +9,7 @@ when it cannot.
 
 from __future__ import annotations
 
+import os
 import signal
 import traceback
 from typing import Optional, Sequence
@@ -207,9 +208,29 @@ def _safe_str(exc: BaseException) -> str:
         return f"<str() of the {type(exc).__name__} raised {type(err).__name__}>"
 
 
+# Frames in here are the worker loop's (worker.py, batch.py), before the user's own code.
+_ENGINE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_engine") + os.sep
+
+
+def _drop_engine_frames(summary: traceback.TracebackException) -> None:
+    """Drop the worker loop's frames before the first frame of other code (the dataset's,
+    ``batchify_fn``'s), in ``summary`` and the exceptions chained to it: the user's own
+    frames come first. An error raised in the loop itself keeps every frame."""
+    seen = set()
+    while summary is not None and id(summary) not in seen:
+        seen.add(id(summary))
+        frames = list(summary.stack)
+        first = next((n for n, f in enumerate(frames) if not f.filename.startswith(_ENGINE_DIR)), 0)
+        if first:
+            summary.stack = traceback.StackSummary.from_list(frames[first:])
+        summary = summary.__cause__ or summary.__context__
+
+
 def _format_traceback(exc: BaseException) -> str:
     try:
-        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        summary = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+        _drop_engine_frames(summary)
+        return "".join(summary.format())
     except BaseException as err:  # noqa: BLE001 - formatting must not lose the error
         return (
             f"{type(exc).__name__}: {_safe_str(exc)}\n"
@@ -387,10 +408,25 @@ class RemoteError:
         return error
 
 
+class _Verbatim(str):
+    """A message whose ``repr()`` is itself: ``KeyError.__str__`` shows its argument's
+    ``repr()``, which would print a multi-line message as one line of ``\\n`` escapes."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return str.__str__(self)
+
+    def __reduce__(self):
+        return str, (str(self),)  # anywhere else, a plain string
+
+
 def _instantiate(cls, message: str):
     """``(cls(message), None)`` if that builds an instance whose ``str()`` works, else
     ``(None, why not)``. A constructor that needs other arguments is not worth a note: the
     message says which class was caught."""
+    if issubclass(cls, KeyError):
+        message = _Verbatim(message)
     try:
         error = cls(message)
     except Exception:  # noqa: BLE001 - a constructor that needs other arguments

@@ -151,3 +151,29 @@ def test_a_slot_the_training_process_cannot_map_is_named_and_blames_no_worker():
     assert "Cannot allocate memory" in message and "RLIMIT_AS" in message, message
     assert "on_worker_death" not in message and "died" not in message, message
     assert outcome["again"] and outcome["same_workers"], outcome
+
+
+# ------------------------------- issue 24: a KeyError from a worker reads like a ValueError
+
+
+class MissingKey(RangeDataset):
+    def __getitem__(self, i):
+        if i == 5:
+            return {}["no such record"]
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("mode", ["fork", "thread"])
+def test_a_keyerror_from_a_worker_is_readable_with_the_users_frames_first(mode):
+    kwargs = {"thread_pool": True} if mode == "thread" else {"start_method": "fork"}
+    loader = ShardedDataLoader(MissingKey(8), batch_size=4, num_workers=2, **kwargs)
+    with loader, pytest.raises(KeyError) as info:
+        list(loader)
+    text = str(info.value)
+    assert type(info.value) is KeyError
+    assert "\\n" not in text and len(text.splitlines()) > 3, text
+    assert text.startswith("Caught KeyError in worker"), text
+    frames = [line for line in text.splitlines() if line.strip().startswith("File ")]
+    assert frames and __file__ in frames[0] and "__getitem__" in frames[0], frames
+    assert not any(f"_engine{os.sep}worker.py" in f or "batch.py" in f for f in frames), frames
+    assert "KeyError: 'no such record'" in text
