@@ -13,6 +13,7 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .ipc import alloc as _alloc
+from .nest import is_sharded
 from .seeding import (
     MXNET_SEED_DOMAIN,
     GlobalRNGState,
@@ -22,7 +23,7 @@ from .seeding import (
     seed_python_and_numpy,
 )
 
-__all__ = ["BatchMaker", "is_sharded"]
+__all__ = ["BatchMaker"]
 
 
 def _check_index(index: Any, position: int, length: int) -> None:
@@ -37,24 +38,6 @@ def _check_index(index: Any, position: int, length: int) -> None:
             f"the batch sampler yielded index {index} at position {position} of the batch, "
             f"outside the dataset's range [0, {length})"
         )
-
-
-def is_sharded(indices: Sequence) -> bool:
-    """Whether a batch sampler item is a step (a list of per-shard index lists). Raises a
-    ``TypeError`` naming the item when it is neither a batch nor a step (a bare index, say)."""
-    try:
-        return len(indices) > 0 and isinstance(indices[0], (list, tuple, np.ndarray))
-    except (TypeError, KeyError, IndexError):
-        pass
-    try:
-        shown = repr(indices)
-    except Exception:  # noqa: BLE001 - only for the message
-        shown = "an object"
-    raise TypeError(
-        f"the batch sampler yielded {shown[:200]} (type {type(indices).__name__}) where a "
-        f"batch was expected: a batch_sampler must yield lists of sample indices (or, for "
-        f"sharded steps, lists of such lists), e.g. [[0, 1], [2, 3]] rather than [0, 1, 2, 3]"
-    )
 
 
 def _no_context() -> ContextManager:

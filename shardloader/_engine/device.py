@@ -23,9 +23,8 @@ import numpy as np
 from mxnet.ndarray import NDArray
 
 from .._compat import DEVICE_ARG, DeviceType, device_of, is_device, to_device
-from .batch import is_sharded
 from .ipc.lease import HOST_DEVICES, host_view
-from .nest import leaves, map_leaves
+from .nest import is_sharded, leaves, map_leaves
 from .stage import Stage
 
 __all__ = [

@@ -4,14 +4,17 @@ A batch is a leaf (an array, a number, a string, anything else) or a container o
 a ``list``, a ``tuple`` (a namedtuple included) or a ``dict`` (its subclasses included).
 Every stage that looks inside a batch (the transport carving it into shared memory, device
 placement, the byte count in ``stats()``, the benchmarks' ``touch``) walks it with these two
-functions, so they all agree on what a container is.
+functions, so they all agree on what a container is. ``is_sharded`` tells, in the same
+terms, whether a batch sampler's item is one batch or a step of several.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
-__all__ = ["leaves", "map_leaves"]
+import numpy as np
+
+__all__ = ["is_sharded", "leaves", "map_leaves"]
 
 
 def leaves(batch: Any) -> Iterator[Any]:
@@ -46,3 +49,21 @@ def map_leaves(fn: Callable[[Any], Any], batch: Any) -> Any:
         except TypeError:  # e.g. a defaultdict wants its factory first
             return items
     return fn(batch)
+
+
+def is_sharded(indices: Sequence) -> bool:
+    """Whether a batch sampler item is a step (a list of per-shard index lists). Raises a
+    ``TypeError`` naming the item when it is neither a batch nor a step (a bare index, say)."""
+    try:
+        return len(indices) > 0 and isinstance(indices[0], (list, tuple, np.ndarray))
+    except (TypeError, KeyError, IndexError):
+        pass
+    try:
+        shown = repr(indices)
+    except Exception:  # noqa: BLE001 - only for the message
+        shown = "an object"
+    raise TypeError(
+        f"the batch sampler yielded {shown[:200]} (type {type(indices).__name__}) where a "
+        f"batch was expected: a batch_sampler must yield lists of sample indices (or, for "
+        f"sharded steps, lists of such lists), e.g. [[0, 1], [2, 3]] rather than [0, 1, 2, 3]"
+    )
