@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from .. import batchify as _batchify
 from .._compat import MX2
-from . import _codecs, _ops, _sources
+from . import _codecs, _color, _ops, _sources
 from ._fused import FusedBatchify, FusedDataset
 from .pipeline import ImagePipeline
 
@@ -101,6 +101,26 @@ def _geometric(t: Any, T: Any) -> Optional[Any]:
     return None
 
 
+_JITTERS = ("RandomBrightness", "RandomContrast", "RandomSaturation")
+
+
+def _jitter(t: Any, T: Any, flag: int) -> Optional[Any]:
+    """The step for one of Gluon's colour jitters, or ``None`` if ``t`` is not one."""
+    name = type(t).__name__
+    kind = type(t)
+    if name not in _JITTERS + ("RandomColorJitter",) or kind is not getattr(T, name, None):
+        return None
+    if flag == 0:
+        raise _Unfused(f"transform {name} on grey images (flag=0) is not fused")
+    if name == "RandomColorJitter":
+        brightness, contrast, saturation, hue = t._args
+        if hue:
+            raise _Unfused("transform RandomColorJitter with hue > 0 is not fused")
+        return _color.ColorJitter(brightness, contrast, saturation)
+    low, high = t._args
+    return _color.Jitter(name[len("Random") :].lower(), low, high)
+
+
 class _Unfused(Exception):
     """A chain the fused path does not run; the message is the reason."""
 
@@ -117,7 +137,7 @@ def _pipeline(transforms: List[Any], flag: int, scaled_decode: bool) -> ImagePip
             raise _Unfused(f"transform {name} after Cast is not fused")
         if output == "hwc":
             try:
-                step = _geometric(t, T)
+                step = _geometric(t, T) or _jitter(t, T, flag)
             except ValueError as exc:
                 raise _Unfused(f"transform {name} is not fused: {exc}") from None
             if step is not None:
@@ -151,9 +171,8 @@ def _pipeline(transforms: List[Any], flag: int, scaled_decode: bool) -> ImagePip
 
 
 def _geometric_name(name: str) -> bool:
-    return name in ("Resize", "CenterCrop", "RandomResizedCrop", "CropResize") or name.startswith(
-        "RandomFlip"
-    )
+    pixel_steps = ("Resize", "CenterCrop", "RandomResizedCrop", "CropResize", "RandomColorJitter")
+    return name in pixel_steps + _JITTERS or name.startswith("RandomFlip")
 
 
 def _default_batchify(batchify_fn: Optional[Callable]) -> Optional[Callable]:
