@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from _datasets import RangeDataset
@@ -177,3 +179,45 @@ def test_a_keyerror_from_a_worker_is_readable_with_the_users_frames_first(mode):
     assert frames and __file__ in frames[0] and "__getitem__" in frames[0], frames
     assert not any(f"_engine{os.sep}worker.py" in f or "batch.py" in f for f in frames), frames
     assert "KeyError: 'no such record'" in text
+
+
+# ------------------------------- issue 24: a pickling error names the object and the part
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.path = "/data/train.rec"
+        self.lock = threading.Lock()
+
+
+class ReaderDataset(RangeDataset):
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self._fn = _Reader()
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+@pytest.mark.parametrize(
+    "which, kwargs, path, part",
+    [
+        ("dataset", {}, "dataset._fn.lock", "_thread.lock"),
+        ("batchify_fn", {"batchify_fn": lambda s: s}, "it is a builtins.function", "lambda"),
+        (
+            "worker_init_fn",
+            {"worker_init_fn": functools.partial(print, file=threading.Lock())},
+            "worker_init_fn.keywords['file']",
+            "_thread.lock",
+        ),
+    ],
+)
+def test_a_pickling_error_names_the_object_and_the_part(start_method, which, kwargs, path, part):
+    dataset = ReaderDataset(8) if which == "dataset" else RangeDataset(8)
+    loader = ShardedDataLoader(
+        dataset, batch_size=4, num_workers=1, start_method=start_method, **kwargs
+    )
+    with loader, pytest.raises(TypeError) as info:
+        next(iter(loader))
+    text = str(info.value)
+    assert text.startswith(f"the {which} cannot be pickled"), text
+    assert path in text and part in text, text
+    assert f"start_method={start_method!r}" in text and "thread_pool=True" in text, text

@@ -152,14 +152,36 @@ class ProcessPool:
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             parent_conn.close()
             child_conn.close()
-            raise TypeError(
-                f"the dataset, batchify_fn or worker_init_fn cannot be pickled to start a "
-                f"worker with start_method={self._ctx.get_start_method()!r} "
-                f"({type(exc).__name__}: {exc}). Use start_method='fork' or "
-                f"thread_pool=True, or make the object picklable."
-            ) from exc
+            raise self._unpicklable(method, exc) from exc
         child_conn.close()
         self._workers[worker_id] = _ProcWorker(worker_id, next(_worker_keys), process, parent_conn)
+
+    def _unpicklable(self, method: str, exc: Exception) -> TypeError:
+        """The error for a worker that could not start because its start-up data does not
+        pickle: which object, and where inside it, when that can be found."""
+        found = protocol.unpicklable_part(
+            [
+                ("dataset", self._dataset),
+                ("batchify_fn", self._batchify_fn),
+                ("worker_init_fn", self._worker_init_fn),
+            ]
+        )
+        if found is None:
+            return TypeError(
+                f"the dataset, batchify_fn or worker_init_fn cannot be pickled to start a "
+                f"worker with start_method={method!r} ({type(exc).__name__}: {exc}). Use "
+                f"start_method='fork' or thread_pool=True, or make the object picklable."
+            )
+        path, part, error = found
+        root = path.split(".", 1)[0].split("[", 1)[0]
+        kind = type(part)
+        where = "it" if path == root else path
+        return TypeError(
+            f"the {root} cannot be pickled to start a worker with start_method={method!r}: "
+            f"{where} is a {kind.__module__}.{kind.__qualname__} ({type(error).__name__}: "
+            f"{error}). Use start_method='fork' or thread_pool=True, or make it picklable "
+            f"(leave {path} out with __getstate__, or create it in worker_init_fn)."
+        )
 
     def restart(self, worker_id: int) -> None:
         """Replace a dead worker with a fresh process."""
