@@ -214,6 +214,8 @@ def _child(task: Callable[[Callable[[int], Any]], Dict], counter: Any, conn: Any
         result = {"error": one_line(exc)[:200]}
     try:
         conn.send(result)
+    except (OSError, KeyboardInterrupt):  # the command is gone (Ctrl-C): nobody to tell
+        pass
     finally:
         conn.close()
 
@@ -234,6 +236,7 @@ def run_isolated(
     proc.start()
     send.close()
     shown = 0
+    result: Optional[Dict[str, Any]] = None
     try:
         while not recv.poll(_POLL_S):
             shown = _forward(counter, shown, progress)
