@@ -20,6 +20,8 @@ the default device                 ``current_context()``       ``current_device(
 the dtypes an array holds          bool, uint8, int8, int32,   also int16, uint16, uint32,
                                    int64, float16/32/64        uint64 (asked of MXNet:
                                                                ``ARRAY_DTYPES``)
+C++ batchify functions             none                        ``cpp_batchify(name)``
+                                                               (``__mx_handle__``)
 =================================  ==========================  ===========================
 
 This module sits below everything else: it imports MXNet and nothing of ours.
@@ -30,7 +32,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from typing import Any, Callable, FrozenSet, Tuple
+from typing import Any, Callable, FrozenSet, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -45,6 +47,7 @@ __all__ = [
     "device_of",
     "to_device",
     "current_device",
+    "cpp_batchify",
     "dlpack_importer",
     "gluon_positional_order",
 ]
@@ -114,6 +117,20 @@ def current_device() -> Any:
     if MX2:
         return mx.device.current_device()
     return mx.context.current_context()
+
+
+def cpp_batchify(name: str) -> Optional[Callable[..., Any]]:
+    """The creator of MXNet's C++ batchify function ``name`` (``"StackBatchify"``,
+    ``"PadBatchify"``, ``"GroupBatchify"``: what Gluon 2.x's batchify objects return from
+    ``__mx_handle__`` for its C++ data pipeline), or ``None`` where this MXNet has none
+    (1.x has no C++ pipeline)."""
+    if not MX2:
+        return None
+    try:
+        from mxnet.gluon.data import _internal
+    except ImportError:
+        return None
+    return getattr(_internal, name, None)
 
 
 def dlpack_importer(lib: Any) -> Any:

@@ -18,10 +18,11 @@ import mxnet as mx
 import numpy as np
 import pytest
 from _backends import BACKENDS
-from conftest import GLUON_PYTHON, requires_mx1, requires_mx2
+from conftest import GLUON_PYTHON, MX2, requires_mx1, requires_mx2
+from mxnet.gluon.data import ArrayDataset
 from mxnet.gluon.data import DataLoader as GluonDataLoader
 
-from shardloader import ShardedDataLoader
+from shardloader import ShardedDataLoader, batchify
 from shardloader.batchify import Pad, Stack, Tuple, default_batchify_fn, gluon_equivalent
 
 pytestmark = pytest.mark.timeout(120)
@@ -246,3 +247,92 @@ def test_shardloaders_own_paths_raise_no_pad_warning(backend, no_leaks):
         fixed = [(np.ones(3, "float32"), n) for n in range(8)]
         with ShardedDataLoader(fixed, batch_size=4, **BACKENDS[backend]) as ld:  # the default
             assert len(list(ld)) == 2
+
+
+# ------------------------------------------------------------------ item 14: C++ handles
+
+# (ours, Gluon 2.x's equivalent, or None where neither has a C++ handle that gives its batches)
+HANDLES = {
+    "Stack": (lambda: batchify.Stack(), lambda g: g.Stack()),
+    "Stack(dtype)": (lambda: batchify.Stack(dtype="float32"), None),
+    "Pad": (lambda: batchify.Pad(pad_val=-1), lambda g: g.Pad(val=-1)),
+    "Pad(ret_length)": (lambda: batchify.Pad(pad_val=-1, ret_length=True), None),
+    "Pad(round_to)": (lambda: batchify.Pad(pad_val=-1, round_to=4), None),
+    "Pad(dtype)": (lambda: batchify.Pad(pad_val=-1, dtype="float32"), None),
+    "Group": (
+        lambda: batchify.Group(batchify.Stack(), batchify.Pad(pad_val=-1)),
+        lambda g: g.Group(g.Stack(), g.Pad(val=-1)),
+    ),
+    "Tuple": (
+        lambda: batchify.Tuple(batchify.Stack(), batchify.Stack()),
+        lambda g: g.Group(g.Stack(), g.Stack()),
+    ),
+    # What a loader runs for Gluon 2.x's own Stack and Pad (gluon_equivalent).
+    "2.x Stack": (lambda: batchify._FieldStack(), lambda g: g.Stack()),
+    "2.x Pad": (lambda: batchify._PadEveryAxis(-1), lambda g: g.Pad(val=-1)),
+    "2.x Pad(round_to)": (lambda: batchify._PadEveryAxis(-1, round_to=2), None),
+    "Group(AsList)": (lambda: batchify.Group(batchify.Stack(), batchify.AsList()), None),
+    "AsList": (lambda: batchify.AsList(), None),
+    "Append": (lambda: batchify.Append(), None),
+    "Dict": (lambda: batchify.Dict({"x": batchify.Stack()}), None),
+}
+
+
+@pytest.mark.parametrize("name", list(HANDLES))
+def test_a_cpp_handle_exists_where_gluon_2x_has_one_that_gives_the_batches(name):
+    """Item 14: Gluon 2.x's Stack, Pad and Group expose ``__mx_handle__()`` for its C++
+    pipeline; shardloader's had none ('Group' object has no attribute '__mx_handle__')."""
+    ours, theirs = HANDLES[name]
+    assert hasattr(ours(), "__mx_handle__") is (MX2 and theirs is not None)
+
+
+@requires_mx2("MXNet 2.x's C++ batchify functions")
+@pytest.mark.parametrize("name", [n for n, (_, theirs) in HANDLES.items() if theirs is not None])
+def test_the_cpp_handle_batches_as_gluons_own(name):
+    from mxnet.gluon.data import batchify as gluon_batchify
+
+    ours, theirs = HANDLES[name]
+    ragged = [mx.nd.arange(i % 3 + 1) for i in range(4)]
+    rows = [mx.nd.arange(3) + i for i in range(4)]
+    samples = {
+        "Stack": rows,
+        "2.x Stack": rows,
+        "Pad": ragged,
+        "2.x Pad": ragged,
+        "Group": list(zip(rows, ragged)),
+        "Tuple": list(zip(rows, rows)),
+    }[name]
+    got = ours().__mx_handle__()(samples)
+    expected = theirs(gluon_batchify).__mx_handle__()(samples)
+    assert described(got) == described(expected)
+
+
+@pytest.mark.mx2_smoke
+@requires_mx2("try_nopython and Gluon's C++ pipeline, new in 2.x")
+def test_gluons_cpp_pipeline_takes_shardloaders_batchify_functions(no_leaks):
+    """With try_nopython=True Gluon 2.x's loader refused shardloader's Group ("batchify_fn -
+    fail"); now Gluon's loader and shardloader's both hand it to the C++ pipeline, and the
+    batches are those of Gluon's own Group."""
+    from mxnet.gluon.data import batchify as gluon_batchify
+
+    data = ArrayDataset(
+        np.arange(30, dtype="float32").reshape(10, 3), np.arange(10, dtype="float32")
+    )
+    kwargs = dict(batch_size=4, num_workers=2, try_nopython=True)
+    theirs = GluonDataLoader(
+        data,
+        batchify_fn=gluon_batchify.Group(gluon_batchify.Stack(), gluon_batchify.Stack()),
+        **kwargs,
+    )
+    expected = [described(b) for b in theirs]
+    fn = batchify.Group(batchify.Stack(), batchify.Stack())
+    gluon_with_ours = GluonDataLoader(data, batchify_fn=fn, **kwargs)
+    assert gluon_with_ours._mx_iter is not None
+    assert [described(b) for b in gluon_with_ours] == expected
+    with ShardedDataLoader(data, batchify_fn=fn, **kwargs) as loader:
+        assert loader._mx_iter is not None
+        assert [described(b) for b in loader] == expected
+    # Without a C++ counterpart, Gluon's refusal, as for any Python batchify function.
+    no_cpp = batchify.Group(batchify.Stack(), batchify.AsList())
+    with pytest.raises(RuntimeError, match=r"\[dataset - pass\]\[batchify_fn - fail\]"):
+        ShardedDataLoader(data, batchify_fn=no_cpp, **kwargs)

@@ -7,6 +7,7 @@ import typing
 
 import numpy as np
 
+from .._compat import cpp_batchify
 from ._arrays import _MX_DTYPE_NAMES, _MX_DTYPES
 
 Batchify = typing.Callable[[typing.Sequence[typing.Any]], typing.Any]
@@ -135,3 +136,27 @@ def _check_callable(owner: str, name: str, fn) -> None:
         raise BatchifyTypeError(
             f"{owner}: {name} must be a callable batchify function, got {_describe(fn)}"
         )
+
+
+def _mx_handle(
+    owner, cpp_name: str, params: typing.Optional[dict], children: typing.Sequence = ()
+) -> typing.Callable[[], typing.Any]:
+    """What ``owner.__mx_handle__`` is: a function that builds MXNet 2.x's C++ batchify
+    function ``cpp_name`` with ``params`` (and, given ``children``, with their handles as
+    ``functions``), as Gluon 2.x's batchify objects build theirs for its C++ pipeline.
+
+    ``params=None`` means that no C++ function gives ``owner``'s batches. Then, or where a
+    child has no handle, or MXNet has no C++ pipeline (1.x), the attribute is missing: an
+    ``AttributeError``, so that Gluon's ``hasattr`` check answers False and Gluon keeps to
+    its Python pipeline (or, with ``try_nopython=True``, says the batchify function fails).
+    """
+    creator = None if params is None else cpp_batchify(cpp_name)
+    makers = [getattr(child, "__mx_handle__", None) for child in children]
+    if creator is None or any(maker is None for maker in makers):
+        raise AttributeError(
+            f"{type(owner).__name__!r} object has no attribute '__mx_handle__': MXNet's C++ "
+            f"data pipeline has no batchify function that gives the batches of {owner!r}"
+        )
+    if children:
+        return lambda: creator(functions=[maker() for maker in makers], **params)
+    return lambda: creator(**params)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typing
 
 from .._engine.ipc import alloc as _alloc
-from ._checks import _describe, _require_samples
+from ._checks import _describe, _mx_handle, _require_samples
 from ._fields import _split_fields
 from ._stack import _stack
 
@@ -114,6 +114,11 @@ class _FieldStack:
     def __call__(self, data: typing.Sequence[typing.Any]):
         _require_samples(data, "Stack")
         return _collate(data, split_lists=True, owner="Stack")
+
+    @property
+    def __mx_handle__(self) -> typing.Callable[[], typing.Any]:
+        """Under MXNet 2.x, builds the C++ batchify function of Gluon 2.x's ``Stack``."""
+        return _mx_handle(self, "StackBatchify", {})
 
     def __repr__(self) -> str:
         return "Stack()"

@@ -11,6 +11,7 @@ from ._checks import (
     BatchifyTypeError,
     _check_callable,
     _describe,
+    _mx_handle,
     _require_samples,
 )
 
@@ -93,6 +94,14 @@ class Tuple:
         _require_samples(data, name)
         fields = _split_fields(data, len(self._fns), name)
         return tuple(fn(list(field)) for fn, field in zip(self._fns, fields))
+
+    @property
+    def __mx_handle__(self) -> typing.Callable[[], typing.Any]:
+        """Under MXNet 2.x, builds the C++ batchify function of Gluon 2.x's ``Group`` over
+        the functions' own handles, for its C++ data pipeline (``try_nopython``); missing
+        where one of the functions has no handle (Gluon's ``Group`` raises
+        ``NotImplementedError`` there), and under MXNet 1.x."""
+        return _mx_handle(self, "GroupBatchify", {}, self._fns)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(map(repr, self._fns))})"

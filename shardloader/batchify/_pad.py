@@ -24,6 +24,7 @@ from ._checks import (
     _describe,
     _is_flag,
     _is_int,
+    _mx_handle,
     _require_samples,
 )
 
@@ -171,6 +172,17 @@ class Pad:
         valid[:] = lengths
         return padded, _alloc.to_output(valid)
 
+    @property
+    def __mx_handle__(self) -> typing.Callable[[], typing.Any]:
+        """Under MXNet 2.x, builds the C++ batchify function of Gluon 2.x's ``Pad`` with
+        this ``pad_val``, for its C++ data pipeline (``try_nopython``). That function pads
+        every axis, which gives these batches wherever this ``Pad`` accepts the samples. It
+        is missing with ``ret_length``, ``round_to`` or ``dtype``, which it cannot do (in
+        MXNet 2.0.0b1 its ``round_to`` aborts the process and its ``dtype`` fails), and under
+        MXNet 1.x."""
+        same = not self._ret_length and self._round_to is None and self._dtype is None
+        return _mx_handle(self, "PadBatchify", {"pad_val": self._pad_val} if same else None)
+
     def _normalized_axis(self, first: np.ndarray) -> int:
         if not -first.ndim <= self._axis < first.ndim:
             raise ValueError(
@@ -250,6 +262,13 @@ class _PadEveryAxis:
         for row, array in zip(buf, arrays):
             row[tuple(slice(0, size) for size in array.shape)] = array
         return _alloc.to_output(buf)
+
+    @property
+    def __mx_handle__(self) -> typing.Callable[[], typing.Any]:
+        """Under MXNet 2.x, builds the C++ batchify function Gluon 2.x's ``Pad`` builds, where
+        it gives these batches: not with ``dtype`` or ``round_to`` (see ``Pad``)."""
+        same = self._dtype is None and self._round_to is None
+        return _mx_handle(self, "PadBatchify", {"pad_val": self._pad_val} if same else None)
 
     @staticmethod
     def _check_samples(data, arrays) -> None:

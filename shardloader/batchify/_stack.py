@@ -16,7 +16,7 @@ from ._arrays import (
     _is_array,
     _output_dtype,
 )
-from ._checks import BatchifyShapeError, _check_dtype, _describe, _require_samples
+from ._checks import BatchifyShapeError, _check_dtype, _describe, _mx_handle, _require_samples
 
 # What to do with samples of different shapes: the first line of a stacking error.
 _PAD_HINT = (
@@ -249,6 +249,13 @@ class Stack:
                 f"{_describe(_first_leaf(data))}; use batchify.List to keep them as a list"
             )
         return _alloc.to_output(buf)
+
+    @property
+    def __mx_handle__(self) -> typing.Callable[[], typing.Any]:
+        """Under MXNet 2.x, builds the C++ batchify function of Gluon 2.x's ``Stack``, for
+        its C++ data pipeline (``try_nopython``); missing with a ``dtype``, which that
+        function cannot cast to, and under MXNet 1.x."""
+        return _mx_handle(self, "StackBatchify", {} if self._dtype is None else None)
 
     def __repr__(self) -> str:
         return f"Stack(dtype={_dtype_repr(self._dtype)})"
