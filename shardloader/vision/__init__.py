@@ -13,7 +13,7 @@ slot: the float32 NCHW batch Gluon's transforms would have produced (docs/vision
 - ``available()``: whether the codecs (``pip install shardloader[vision]``) are installed.
 
 Modules: ``_codecs`` (the only one importing simplejpeg and cv2), ``_ops`` (the geometric
-steps), ``pipeline``, ``_sources`` (encoded bytes from each image dataset), ``_fused`` (the
+steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each image dataset), ``_fused`` (the
 dataset and batchify function), ``recognise`` (``fuse``), ``record_loader``, ``device``.
 """
 

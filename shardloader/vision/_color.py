@@ -1,7 +1,7 @@
 """Colour jitters on uint8 RGB pixels, with the arithmetic of MXNet's image operators.
 
-Gluon's ``RandomBrightness``, ``RandomContrast``, ``RandomSaturation`` and
-``RandomColorJitter`` (without hue) call MXNet's C++ operators, which compute in float32 and
+Gluon's ``RandomBrightness``, ``RandomContrast``, ``RandomSaturation``, ``RandomLighting``
+and ``RandomColorJitter`` (without hue) call MXNet's C++ operators, which compute in float32 and
 write uint8 by clamping to [0, 255] and truncating. These steps do the same, so for a given
 factor the pixels are MXNet's own (measured under 1.9.1 and 2.0.0b1). The factors are drawn
 from Python's ``random`` (MXNet draws from its own generator): the same distributions.
@@ -93,3 +93,36 @@ class ColorJitter:
         for kind, alpha in params:
             pixels = _ADJUST[kind](pixels, alpha)
         return pixels
+
+
+# AlexNet's PCA of ImageNet's RGB values, as MXNet's adjust_lighting operator holds it.
+_EIGVAL = np.array([55.46, 4.794, 1.148], np.float32)
+_EIGVEC = np.array(
+    [[-0.5675, 0.7192, 0.4009], [-0.5808, -0.0045, -0.8140], [-0.5836, -0.6948, 0.4203]],
+    np.float32,
+)
+
+
+def lighting(pixels: np.ndarray, alpha: Tuple[float, float, float]) -> np.ndarray:
+    """MXNet's ``adjust_lighting``: add ``eigvec @ (alpha * eigval)`` to every pixel."""
+    shift = _EIGVEC @ (np.asarray(alpha, np.float32) * _EIGVAL)
+    return _to_uint8(pixels.astype(np.float32) + shift)
+
+
+class Lighting:
+    """Gluon's ``RandomLighting(alpha)``: AlexNet-style PCA noise, each of the three
+    components' weight normal with standard deviation ``alpha``."""
+
+    random = True
+
+    def __init__(self, alpha: float) -> None:
+        self.alpha = float(alpha)
+
+    def draw(self, height: int, width: int) -> Tuple[float, float, float]:
+        return tuple(random.gauss(0.0, self.alpha) for _ in range(3))
+
+    def size(self, height: int, width: int, params: Any) -> Tuple[int, int]:
+        return height, width
+
+    def apply(self, pixels: np.ndarray, alpha: Tuple[float, float, float]) -> np.ndarray:
+        return lighting(pixels, alpha)

@@ -101,7 +101,7 @@ def _geometric(t: Any, T: Any) -> Optional[Any]:
     return None
 
 
-_JITTERS = ("RandomBrightness", "RandomContrast", "RandomSaturation")
+_JITTERS = ("RandomBrightness", "RandomContrast", "RandomSaturation", "RandomLighting")
 
 
 def _jitter(t: Any, T: Any, flag: int) -> Optional[Any]:
@@ -117,6 +117,8 @@ def _jitter(t: Any, T: Any, flag: int) -> Optional[Any]:
         if hue:
             raise _Unfused("transform RandomColorJitter with hue > 0 is not fused")
         return _color.ColorJitter(brightness, contrast, saturation)
+    if name == "RandomLighting":
+        return _color.Lighting(t._alpha)
     low, high = t._args
     return _color.Jitter(name[len("Random") :].lower(), low, high)
 
