@@ -187,7 +187,10 @@ def _copy(array: NDArray, ctx: DeviceType) -> NDArray:
     out = mx.nd.empty(array.shape, ctx=ctx, dtype=array.dtype)
     if isinstance(array, mx.np.ndarray):
         out = out.as_np_ndarray()  # numpy mode: the same array type as the source
-    np.copyto(host_view(out), source)
+    target = host_view(out)
+    if target is None:  # not host memory after all: let MXNet copy
+        return to_device(array, ctx)
+    np.copyto(target, source)
     return out
 
 

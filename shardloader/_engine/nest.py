@@ -41,13 +41,13 @@ def map_leaves(fn: Callable[[Any], Any], batch: Any) -> Any:
         items = [map_leaves(fn, item) for item in batch]
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
     if isinstance(batch, dict):
-        items = {key: map_leaves(fn, value) for key, value in batch.items()}
+        values = {key: map_leaves(fn, value) for key, value in batch.items()}
         if type(batch) is dict:
-            return items
+            return values
         try:
-            return type(batch)(items)
+            return type(batch)(values)
         except TypeError:  # e.g. a defaultdict wants its factory first
-            return items
+            return values
     return fn(batch)
 
 

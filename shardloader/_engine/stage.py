@@ -19,7 +19,7 @@ stage, then the consumer stage that ``iter(loader)`` returns. Every stage:
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from .._errors import ClosedIteratorError
 
@@ -49,7 +49,7 @@ class Stage:
     (if any) is closed after ``_release()``.
     """
 
-    _source: Optional[Any] = None
+    _source: Any = None
     _closed = False  # close() was called
     _ended = False  # released: the data ended, an error ended it, or close()
 
