@@ -529,3 +529,18 @@ def test_hue_stays_exact(rec):
     ):
         fusion = vision.fuse(ImageRecordDataset(rec).transform_first(transform))
         assert fusion.path == "exact" and reason in fusion.reason
+
+
+@requires_mx1("mx.mod.Module, which 2.x removed")
+def test_module_fit_trains_from_image_record_iter(rec):
+    it = vision.image_record_iter(
+        rec, data_shape=(3, 16, 16), batch_size=6, rand_mirror=True, preprocess_threads=2, seed=0
+    )
+    data = mx.sym.Variable("data")
+    net = mx.sym.FullyConnected(mx.sym.Flatten(data), num_hidden=16)
+    net = mx.sym.SoftmaxOutput(net, name="softmax")
+    module = mx.mod.Module(net, context=mx.cpu())
+    module.fit(it, num_epoch=2, optimizer_params={"learning_rate": 0.01})
+    score = dict(module.score(it, "acc"))
+    assert 0.0 <= score["accuracy"] <= 1.0
+    it.close()
