@@ -451,3 +451,19 @@ class ReadyError:
 
     def rebuild(self) -> BaseException:
         return self.error
+
+
+# The public errors are shardloader's, whatever file defines them: tracebacks and the API
+# reference name them ``shardloader.WorkerDiedError``, not by this private module, and pickle
+# finds them there too (the package exports each one).
+PUBLIC_ERRORS = (
+    ShardLoaderError,
+    WorkerError,
+    WorkerDiedError,
+    LoaderTimeoutError,
+    ClosedIteratorError,
+    RecordIOError,
+)
+for _error in PUBLIC_ERRORS:
+    _error.__module__ = "shardloader"
+del _error

@@ -7,10 +7,12 @@ import errno
 import functools
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import threading
+import traceback
 
 import pytest
 from _datasets import RangeDataset
@@ -221,3 +223,47 @@ def test_a_pickling_error_names_the_object_and_the_part(start_method, which, kwa
     assert text.startswith(f"the {which} cannot be pickled"), text
     assert path in text and part in text, text
     assert f"start_method={start_method!r}" in text and "thread_pool=True" in text, text
+
+
+# ------------------------------- issue 24: public errors are shardloader's, not _errors'
+
+
+def test_public_errors_are_named_by_the_package_and_still_pickle():
+    import shardloader
+    from shardloader._errors import PUBLIC_ERRORS, RemoteError
+
+    for cls in PUBLIC_ERRORS:
+        assert cls.__module__ == "shardloader" and getattr(shardloader, cls.__name__) is cls
+    died = WorkerDiedError("worker 0 exited", pid=7, exitcode=1, worker_id=0, seq=3)
+    again = pickle.loads(pickle.dumps(died))
+    assert type(again) is WorkerDiedError and (again.pid, again.exitcode, again.seq) == (7, 1, 3)
+    text = "".join(traceback.format_exception_only(WorkerDiedError, died))
+    assert text.startswith("shardloader.WorkerDiedError: worker 0 exited"), text
+    # A record of one raised in a worker crosses as data and is rebuilt as its own class.
+    try:
+        raise shardloader.RecordIOError("record 3 is truncated", index=3)
+    except shardloader.RecordIOError as exc:
+        record = RemoteError.capture(exc, 1, 2, [3])
+    assert (record.type_module, record.type_qualname) == ("shardloader", "RecordIOError")
+    rebuilt = pickle.loads(pickle.dumps(record)).rebuild()
+    assert type(rebuilt) is shardloader.RecordIOError and rebuilt.worker_id == 1
+    assert "shardloader.RecordIOError: record 3 is truncated" in rebuilt.remote_traceback
+
+
+class RaisesRecordIOError(RangeDataset):
+    def __getitem__(self, i):
+        import shardloader
+
+        if i == 5:
+            raise shardloader.RecordIOError(f"record {i} is truncated", index=i)
+        return super().__getitem__(i)
+
+
+def test_a_public_error_raised_in_a_process_worker_is_rebuilt_as_itself():
+    import shardloader
+
+    loader = ShardedDataLoader(RaisesRecordIOError(8), batch_size=4, num_workers=2)
+    with loader, pytest.raises(shardloader.RecordIOError) as info:
+        list(loader)
+    assert type(info.value) is shardloader.RecordIOError and info.value.seq == 1
+    assert "shardloader.RecordIOError: record 5 is truncated" in info.value.remote_traceback
