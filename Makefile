@@ -55,8 +55,8 @@ $(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
 		echo "$(VENV) already has the test extra, which includes what the demo needs"; \
 	else \
 		echo "Installing shardloader and what the demo needs into $(VENV): MXNet 1.9.1, numpy,"; \
-		echo "tqdm, simplejpeg and OpenCV (headless), about 300 MB; roughly 30 s the first"; \
-		echo "time, longer on a slow network."; \
+		echo "tqdm, simplejpeg and OpenCV (headless), about 430 MB; 1-3 minutes the first time,"; \
+		echo "most of it downloading MXNet (pip shows each package as it goes)."; \
 		$(PIP_LOG) install --progress-bar on -c constraints.txt -e '.[vision]' || exit 1; \
 	fi
 	rm -f $(VENV)/.demo-stamp-* && touch $@
