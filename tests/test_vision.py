@@ -544,3 +544,27 @@ def test_module_fit_trains_from_image_record_iter(rec):
     score = dict(module.score(it, "acc"))
     assert 0.0 <= score["accuracy"] <= 1.0
     it.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(output="float64"),
+            "output must be one of ('float32', 'uint8', 'hwc'), got 'float64'",
+        ),
+        (dict(random_resized_crop=True), "random_resized_crop needs size=, got size=None"),
+        (dict(size=0, center_crop=True), "CenterCrop size must be a positive int or a (width"),
+        (dict(size=8, center_crop=True, random_crop=True), "ask for one crop at most"),
+        (dict(size=8, random_resized_crop=True, scale=(0.5, 0.1)), "0 <= min <= max"),
+        (dict(mean=(1, 2)), "mean must have 1 or 3 values for 3-channel images, got 2"),
+        (dict(std=0), "std must not contain 0"),
+        (dict(interpolation=5), "Resize interpolation must be one of (0, 1, 2, 3, 4), got 5"),
+        (dict(flag=2), "flag must be 1 (colour) or 0 (grey), got 2"),
+    ],
+)
+def test_image_pipeline_errors_name_the_argument(kwargs, message):
+    kwargs.setdefault("resize", 16)
+    with pytest.raises(ValueError) as info:
+        vision.ImagePipeline(**kwargs)
+    assert message in str(info.value)
