@@ -568,3 +568,18 @@ def test_image_pipeline_errors_name_the_argument(kwargs, message):
     with pytest.raises(ValueError) as info:
         vision.ImagePipeline(**kwargs)
     assert message in str(info.value)
+
+
+class _Doubled(mx.gluon.nn.HybridSequential):
+    """A Sequential whose forward is its own: its children do not describe it."""
+
+    def forward(self, x, *args):
+        out = super().forward(x, *args)
+        return out + out
+
+
+def test_a_sequential_subclass_with_its_own_forward_stays_exact(rec):
+    chain = _Doubled()
+    chain.add(T.Resize(16))
+    fusion = vision.fuse(ImageRecordDataset(rec).transform_first(chain))
+    assert (fusion.path, fusion.reason) == ("exact", "transform _Doubled is not fused")

@@ -13,8 +13,9 @@ slot: the float32 NCHW batch Gluon's transforms would have produced (docs/vision
 - ``available()``: whether the codecs (``pip install shardloader[vision]``) are installed.
 
 Modules: ``_codecs`` (the only one importing simplejpeg and cv2), ``_ops`` (the geometric
-steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each image dataset), ``_fused`` (the
-dataset and batchify function), ``recognise`` (``fuse``), ``record_loader``, ``device``.
+steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each
+image dataset), ``_fused`` (the dataset and batchify function), ``recognise`` (``fuse``),
+``record_loader``, ``device``.
 """
 
 from ._codecs import available

@@ -65,8 +65,11 @@ def _unwrap(dataset: Any) -> Tuple[Optional[Any], List[Any], str]:
 def _flatten(transform: Any, out: List[Any]) -> None:
     """Compose, HybridCompose and the (Hybrid)Sequential blocks Compose builds, flattened."""
     from mxnet.gluon import nn
+    from mxnet.gluon.data.vision import transforms as T
 
-    if isinstance(transform, (nn.Sequential, nn.HybridSequential)):
+    # Exact types: a subclass may override forward, and then its children say nothing.
+    kinds = (nn.Sequential, nn.HybridSequential, T.Compose, getattr(T, "HybridCompose", T.Compose))
+    if type(transform) in kinds:
         for i in range(len(transform)):
             _flatten(transform[i], out)
     else:
