@@ -46,9 +46,10 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 _JPEG_VERSION = 1  # part of the cached files' names: bump when the generator changes
 # ``RandomResizedCrop``'s defaults (area 8-100% of the image, aspect ratio 3/4 to 4/3) in
-# ImageRecordIter's argument names, so that the loaders that read W5's file themselves draw
-# the crops Gluon's transform draws (ImageRecordIter's own defaults, area 100% and the
-# image's aspect ratio, would crop less and resize more).
+# ImageRecordIter's argument names: ``ImageRecordLoader`` draws the crops Gluon's transform
+# draws, so that its uint8 output does the fused float32 path's work. ImageRecordIter keeps
+# its own defaults (``min_random_area=1``, ``max_aspect_ratio=0``), the anchor as W5 has
+# always measured it; with these ranges it measured no faster (docs/benchmarks.md).
 _CROP_ARGS = {
     "random_resized_crop": True,
     "min_random_area": 0.08,
@@ -209,9 +210,9 @@ class RecordIterLoader:
     """``mx.io.ImageRecordIter`` on W5's records, iterable once per epoch like a DataLoader:
     each epoch ``reset()``\\ s the iterator and yields ``(data, label)``.
 
-    The same augmentation as W5's Gluon pipeline, done in C++: random-resized crop to 224
-    (with ``RandomResizedCrop``'s area and aspect ranges), random mirror, mean/std
-    normalisation to float32 CHW, shuffled through the index.
+    W5's augmentation as ImageRecordIter spells it, done in C++: ``random_resized_crop`` to
+    224 (with ImageRecordIter's default ranges), random mirror, mean/std normalisation to
+    float32 CHW, shuffled through the index.
     """
 
     def __init__(self, rec_path: str, batch_size: int, threads: int) -> None:
@@ -223,8 +224,8 @@ class RecordIterLoader:
             data_shape=(3, JPEG_CROP, JPEG_CROP),
             batch_size=batch_size,
             shuffle=True,
+            random_resized_crop=True,
             rand_mirror=True,
-            **_CROP_ARGS,
             mean_r=MEAN[0] * 255,
             mean_g=MEAN[1] * 255,
             mean_b=MEAN[2] * 255,
