@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import warnings
 
 import pytest
 from _datasets import RangeDataset
@@ -267,3 +268,20 @@ def test_a_public_error_raised_in_a_process_worker_is_rebuilt_as_itself():
         list(loader)
     assert type(info.value) is shardloader.RecordIOError and info.value.seq == 1
     assert "shardloader.RecordIOError: record 5 is truncated" in info.value.remote_traceback
+
+
+# ------------------------- item 16's last bullet: a thread's seeding error blames seeding
+
+
+def test_a_thread_workers_seeding_error_does_not_blame_worker_init_fn():
+    """Under MXNet 2.x, seeding a worker called a deprecated MXNet API, and with warnings
+    turned into errors the thread stopped with "worker_init_fn raised DeprecationWarning",
+    though no worker_init_fn was given. Wherever seeding works, the epoch is complete."""
+    loader = ShardedDataLoader(RangeDataset(8), batch_size=4, num_workers=1, thread_pool=True)
+    with loader, warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        try:
+            assert labels(loader) == list(range(8))
+        except WorkerDiedError as exc:
+            assert "worker_init_fn" not in str(exc), str(exc)
+            assert "seeding the worker raised" in str(exc), str(exc)
