@@ -138,6 +138,11 @@ def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+def _prose(text: str) -> str:
+    """The report's text with its wrapping undone (prose is wrapped at 100 columns)."""
+    return " ".join(text.split())
+
+
 def test_bench_prints_medians_spreads_conditions_and_a_verdict(tmp_path):
     plot = tmp_path / "bench.png"
     proc = shardloader_cli(
@@ -156,12 +161,11 @@ def test_bench_prints_medians_spreads_conditions_and_a_verdict(tmp_path):
     ]  # fmt: skip
     for _, _, median, low, high in rows:
         assert _number(low) <= _number(median) <= _number(high)
-    assert "2 rounds, each run in a fresh process" in proc.stdout
+    assert "2 rounds, each run in a fresh process" in _prose(proc.stdout)
     assert re.search(
-        r"^Conditions: \d+ cores?, load average [\d.]+ at the start and [\d.]+ at the end; "
+        r" Conditions: \d+ cores?, load average [\d.]+ at the start and [\d.]+ at the end; "
         r"other processes used [\d.]+ s of CPU",
-        proc.stdout,
-        re.MULTILINE,
+        _prose(proc.stdout),
     ), proc.stdout
     assert VERDICT.search(proc.stdout), proc.stdout
     assert "peak RSS by psutil" in output
@@ -186,12 +190,13 @@ def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
         "--batch-size", "8", "--crop-size", "32", "--rounds", "1", "--progress", cwd=tmp_path,
     )  # fmt: skip
     assert_clean(proc)
-    assert "RandomResizedCrop(32), RandomFlipLeftRight, ToTensor, Normalize" in proc.stdout
-    assert "shuffled" in proc.stdout
+    text = _prose(proc.stdout)
+    assert "RandomResizedCrop(32), RandomFlipLeftRight, ToTensor, Normalize" in text
+    assert "shuffled" in text
     assert sorted((r[0], r[1]) for r in ROW.findall(proc.stdout)) == [
         ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),
     ]  # fmt: skip
-    assert "One round: the spread is unknown" in proc.stdout
+    assert "One round: the spread is unknown" in text
     assert VERDICT.search(proc.stdout), proc.stdout
     # (5 warm-up + 3 timed batches) x 2 worker counts x 2 loaders x 1 round
     assert "bench:" in proc.stderr and "/32 " in proc.stderr
@@ -299,7 +304,7 @@ def test_worker_counts_beyond_the_cores_are_run_as_asked_with_a_note(capsys):
     args = argparse.Namespace(workers=[0, cores + 2])
     bench._workers(args)
     assert args.workers == [0, cores + 2]
-    assert f"note: num_workers={cores + 2} on {cores} core" in capsys.readouterr().out
+    assert f"note: num_workers={cores + 2} on {cores} core" in _prose(capsys.readouterr().out)
 
 
 def test_conditions_count_the_cpu_time_of_other_processes():
@@ -417,6 +422,7 @@ def test_the_report_says_plainly_when_no_setting_meets_the_target(capsys):
     out = capsys.readouterr().out
     assert "\nNo setting meets the target. Closest: num_workers=0\n" in out
     assert "Recommendation" not in out
+    out = _prose(out)
     assert "other processes used 15.0 s of CPU during the 10 s run (1.50 of 2 cores)" in out
     assert "Other programs kept the machine busy" in out
 

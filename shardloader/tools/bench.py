@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import textwrap
 from typing import Any, Dict, List
 
 from .bench_conditions import Conditions, default_workers, usable_cores
@@ -45,22 +46,38 @@ from .bench_timing import factories, measure_all, planned_batches
 __all__ = ["BenchError", "run"]
 
 _DEFAULT_BATCHES = 100
+_WIDTH = 100
+
+
+def _say(text: str, indent: str = "") -> None:
+    """Print prose wrapped at 100 columns; lines after the first indented two more."""
+    print(
+        textwrap.fill(
+            text,
+            _WIDTH,
+            initial_indent=indent,
+            subsequent_indent=indent + "  ",
+            break_long_words=False,  # paths and options stay whole
+            break_on_hyphens=False,
+        )
+    )
 
 
 def _report(rows: List[Dict], conditions: Conditions, args: argparse.Namespace, mxnet_ops: bool):
     print()
     print("\n".join(format_table(rows)))
     print()
-    print(conditions.describe())
+    _say(conditions.describe())
     if conditions.busy:
-        print(
-            "  Other programs kept the machine busy: every number above is about them too. "
-            "The paired ratios (vs gluon) suffer least."
+        _say(
+            "Other programs kept the machine busy: every number above is about them too. "
+            "The paired ratios (vs gluon) suffer least.",
+            "  ",
         )
     if args.rounds == 1:
-        print("  One round: the spread is unknown (--rounds 3 or more to see it).")
+        _say("One round: the spread is unknown (--rounds 3 or more to see it).", "  ")
     if not args.step_ms:
-        print(
+        _say(
             "data stall: share of the time after the warm-up spent waiting for data; the loop "
             "does nothing else (no --step-ms), so ~100% is expected."
         )
@@ -77,16 +94,17 @@ def _report(rows: List[Dict], conditions: Conditions, args: argparse.Namespace, 
     else:
         print(f"Recommendation: num_workers={advice.workers}, prefetch={advice.prefetch}")
     for line in advice.why:
-        print(f"  {line}")
+        _say(line, "  ")
     workers = advice.workers or 0
     engine_threads = os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")
     if mxnet_ops and (args.thread_pool or workers == 0) and engine_threads == "1":
-        print(
-            "  Your samples are MXNet arrays (MXNet operators, such as image decoding and Gluon "
+        _say(
+            "Your samples are MXNet arrays (MXNet operators, such as image decoding and Gluon "
             "transforms, make them): with thread workers or none, they share one MXNet engine "
             "thread in this process unless MXNET_CPU_WORKER_NTHREADS is set before MXNet is "
             f"imported: try MXNET_CPU_WORKER_NTHREADS={max(2, workers)} (docs/quickstart.md, "
-            "'Workers: processes or threads')."
+            "'Workers: processes or threads').",
+            "  ",
         )
 
 
@@ -98,7 +116,7 @@ def _workers(args: argparse.Namespace) -> None:
         return
     beyond = [w for w in args.workers if w > cores]
     if beyond:
-        print(
+        _say(
             f"note: num_workers={','.join(map(str, beyond))} on {cores} core"
             f"{'s' if cores != 1 else ''}, as asked: the workers and the training loop will "
             "share the cores"
@@ -130,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     pool = "threads" if args.thread_pool else "processes"
     step = ", shuffled" if shuffled(args) else ""
     step += f", {args.step_ms:g} ms simulated step" if args.step_ms else ""
-    print(
+    _say(
         f"shardloader bench: {described}, {len(dataset):,} samples, batch size "
         f"{args.batch_size}, {amount} timed per run after a warm-up, workers are {pool}"
         f"{step}; num_workers {','.join(map(str, args.workers))}, {args.rounds} round"
