@@ -8,9 +8,11 @@ import os
 import pickle
 import pty
 import re
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import mxnet as mx
 import numpy as np
@@ -273,3 +275,47 @@ def test_the_demo_counts_batches_and_says_what_to_do_next(tmp_path):
     assert "after Ctrl-C, run the same command with --resume" in out
     assert "run again with --gluon" in out
     assert "reorder" not in (out + resumed.stderr).lower()
+
+
+# Runs the demo as `python -m shardloader` does, with Ctrl-C's default handler whatever the
+# caller's (a background job ignores SIGINT).
+_DEMO_WITH_CTRL_C = """
+import runpy, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.argv = ["shardloader"] + sys.argv[1:]
+runpy.run_module("shardloader", run_name="__main__")
+"""
+
+
+@pytest.mark.timeout(400)
+def test_ctrl_c_says_where_resume_will_continue(tmp_path):
+    cache = tmp_path / "cache"
+    options = ["demo", "--epochs", "200", *TINY, "--cache-dir", str(cache)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DEMO_WITH_CTRL_C, *options],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        state = cache / "checkpoint" / "state.json"
+        while not state.exists() and proc.poll() is None:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, out + err
+    position = json.loads(state.read_text())["loader"]
+    where = (
+        f"in epoch {position['epoch'] + 1}, after batch {position['consumed']}"
+        if position["consumed"]
+        else f"at the start of epoch {position['epoch'] + 1}"
+    )
+    assert (
+        f"Interrupted. The last checkpoint, in {cache / 'checkpoint'}, is {where}: run the same "
+        f"command with --resume to continue from there." in err
+    ), err
+    assert "Traceback" not in err, err

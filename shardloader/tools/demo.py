@@ -292,9 +292,10 @@ def _resume(args, ckpt: Checkpoint, net, trainer, loader, ctx) -> int:
     if epoch >= args.epochs:
         print(f"--resume: all {args.epochs} epochs are done; evaluating")
     else:
+        where = f"after batch {done} of {len(loader)}" if done else "from its first batch"
         print(
             f"--resume: continuing from {ckpt.directory} at epoch {epoch + 1}, step {done} "
-            f"(after batch {done} of {len(loader)})"
+            f"({where})"
         )
     return done
 
@@ -402,7 +403,7 @@ def _run(args: argparse.Namespace) -> int:
     if "stopped" in result:
         epoch, consumed = result["stopped"]
         print(
-            f"Stopped after {consumed} batches of epoch {epoch + 1} (--stop-after-batches, a "
+            f"Stopped after {_batches(consumed)} of epoch {epoch + 1} (--stop-after-batches, a "
             f"simulated crash). Checkpoint saved in {ckpt.directory}.\n"
             f"Run the same command with --resume instead of --stop-after-batches to continue "
             f"from batch {consumed + 1}."
@@ -429,11 +430,16 @@ def _after_interrupt(ckpt: Checkpoint) -> str:
             "\nInterrupted before the first checkpoint (saved at the end of each epoch): "
             "--resume would start over."
         )
+    epoch, done = position["epoch"] + 1, position["consumed"]
+    where = f"in epoch {epoch}, after batch {done}" if done else f"at the start of epoch {epoch}"
     return (
-        f"\nInterrupted. The last checkpoint, in {ckpt.directory}, is at epoch "
-        f"{position['epoch'] + 1}, after batch {position['consumed']}: run the same command "
-        f"with --resume to continue from there."
+        f"\nInterrupted. The last checkpoint, in {ckpt.directory}, is {where}: run the same "
+        f"command with --resume to continue from there."
     )
+
+
+def _batches(count: int) -> str:
+    return f"{count} batch" if count == 1 else f"{count} batches"
 
 
 def _config(args: argparse.Namespace) -> Dict[str, Any]:
