@@ -7,7 +7,8 @@ and where results go:
   soon as it is made (the batch is handed over as it is);
 * a **process** worker reads its pipe (``protocol.Work``, ``Release``, ``STOP``), stacks each
   batch straight into a shared-memory slot (``ipc.slots.SlotRing``), and sends one
-  ``protocol.Reply`` per task, with the descriptors of the slots it created.
+  ``protocol.Reply`` per task, with the descriptors of the slots it created. One whose
+  seeding or ``worker_init_fn`` raises sends a ``protocol.Failed`` instead, and exits.
 
 Whatever a batch raises (``SystemExit`` and ``KeyboardInterrupt`` too) travels to the
 consumer as that batch's result, never as the end of the worker. Private: the only public

@@ -2,9 +2,10 @@
 without a copy, and how MXNet hands our memory back.
 
 Modules: ``slots`` (a worker's ring of slots, and carving a batch into one), ``table`` (the
-main process's view of every worker's slots), ``alloc`` (where batchify writes, and the
-buffer pool of inline batches), ``lease`` (MXNet arrays over our memory, and their release)
-and ``inherit`` (what a forked worker lets go of).
+main process's view of every worker's slots), ``fds`` (receiving a slot's descriptor),
+``alloc`` (where batchify writes, and the buffer pool of inline batches), ``lease`` (MXNet
+arrays over our memory, and their release) and ``inherit`` (what a forked worker lets go
+of).
 
 The transport for process workers:
 
@@ -18,6 +19,10 @@ Ownership protocol (docs/design.md, invariant 4: every segment has exactly one o
   process maps it and closes the descriptor. The worker keeps its descriptor and its own
   mapping: mapping a slot again for every batch (and unmapping it after) cost more than
   filling it, about 1.5 ms for a 9.6 MB batch.
+  If the main process cannot take the descriptor (it is out of descriptors: the kernel
+  drops it, ``fds``) or cannot map the slot (out of address space), that batch fails with a
+  ``SharedMemoryError``; the slot goes back to the worker marked for its descriptor to be
+  sent again (``resend`` in the next message), and the pipe stays in step.
 * From then on the main process owns the slot's contents. It wraps the arrays as MXNet
   arrays without a copy (``lease.as_ndarray``). When MXNet has released the last of them
   and the user holds no numpy view either, a finalizer on the slot's buffer object queues

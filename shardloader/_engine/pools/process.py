@@ -309,7 +309,8 @@ class ProcessPool:
                 fds.append(receive_fd(w.conn))
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             for fd in fds:
-                _close_fd(fd)
+                if fd is not None:
+                    _close_fd(fd)
             return False  # the pipe is closed: the worker has gone
         unmapped: Dict[int, Tuple[int, int]] = {}  # slot id -> (errno, capacity)
         for (slot_id, capacity), fd in zip(reply.new_slots, fds):
