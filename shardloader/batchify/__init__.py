@@ -14,6 +14,12 @@ them, and 2.x's ``Group``, ``AsList``, ``Append`` and Gluon's ``default_batchify
 implementations here that give the same batches and stack straight into a worker's shared
 memory.
 
+Under MXNet 2.x, ``Stack``, ``Pad``, ``Tuple`` and ``Group`` (and the stand-ins for 2.x's
+``Stack`` and ``Pad``) also have Gluon 2.x's ``__mx_handle__``, for its C++ pipeline
+(``try_nopython=True``), wherever one of MXNet's C++ batchify functions gives their batches.
+Samples whose shapes cannot go into one batch raise ``BatchifyShapeError``, which says what
+to do first; a loader names the samples by their dataset indices.
+
 None of them knows about shared memory or devices. They build numpy arrays and wrap them for
 MXNet only at the end: every output array is a buffer from
 ``shardloader._engine.ipc.alloc.empty``, filled in place and handed back through
