@@ -379,7 +379,16 @@ class ShardedDataLoader(_GluonDataLoader):
         wall-clock time (``data_stall``), per-worker busy time, the reorder depth, and
         ``repeated_samples``: how many samples the batch sampler repeated to give a last step
         ``num_shards`` shards (or, with ``FixedBucketSampler(last_group='pad')``, to pad it),
-        counted as the step is sent to be loaded."""
+        counted as the step is sent to be loaded.
+
+        Returns
+        -------
+        dict
+            The keys ``batches``, ``bytes``, ``wait_s``, ``wall_s``, ``data_stall``,
+            ``first_batch_s``, ``worker_busy_s``, ``reorder_depth``, ``max_reorder_depth`` and
+            ``repeated_samples``; the API reference's table "What stats() returns" says what
+            each one means.
+        """
         return self._stats.snapshot()
 
     def reset_stats(self) -> None:
