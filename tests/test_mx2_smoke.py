@@ -1,12 +1,14 @@
 """Both Gluons: the smoke subset that CI runs under MXNet 2.0 (``make test-mx2-smoke``).
 
-The tests marked ``mx2_smoke`` (all of this module, and the fork-after-training scenario of
-tests/test_scenarios.py) cover, in about a minute: the loader against Gluon's own batches
-with inline, thread and process workers (fork and spawn); each version's default array type
-and default batchify (2.x's ``Stack`` splits list samples); a worker's error; sharded steps;
-placement with ``ctx=`` and 2.x's ``device=``; mid-epoch resume; the positional order of the
-installed Gluon; ``try_nopython``; and 2.x's sampler and batchify names from
-``mx.gluon.data``. They run under 1.9.1 too, as part of ``make test``; the ones only one
+The tests marked ``mx2_smoke`` (all of this module, and a few elsewhere: the
+fork-after-training scenario of tests/test_scenarios.py, seeding with warnings as errors in
+tests/test_seeding.py, 2.x's extra dtypes, shape errors and C++ batchify handles in
+tests/test_hostile3_batchify.py, and others) cover, in about a minute: the loader against
+Gluon's own batches with inline, thread and process workers (fork and spawn); each version's
+default array type and default batchify (2.x's ``Stack`` splits list samples); a worker's
+error; sharded steps; placement with ``ctx=`` and 2.x's ``device=``; mid-epoch resume; the
+positional order of the installed Gluon; ``try_nopython``; and 2.x's sampler and batchify
+names from ``mx.gluon.data``. They run under 1.9.1 too, as part of ``make test``; the ones only one
 version can run say why.
 
 Under 2.x the reference is Gluon's Python pipeline (``try_nopython=False``): with
