@@ -17,6 +17,7 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import ARRAYS
 from mxnet import gluon
 
 from shardloader.tools import cli
@@ -56,7 +57,7 @@ def real_model():
     net.initialize(mx.init.Xavier(), mx.cpu())
     trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.01})
     with mx.autograd.record():
-        loss = net(mx.nd.ones((2, 4))).sum()
+        loss = net(ARRAYS.ones((2, 4))).sum()
     loss.backward()
     trainer.step(2)  # the optimizer now has states to save
     return net, trainer
