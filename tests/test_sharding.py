@@ -242,7 +242,7 @@ def test_num_shards_with_num_parts_gives_disjoint_covering_parts():
 
 VARLEN = 60
 LENGTHS = [1 + i % 7 for i in range(VARLEN)]  # VarLenDataset's lengths
-PAD_STACK = batchify.Tuple(batchify.Pad(), batchify.Stack())
+PAD_STACK = batchify.Tuple(batchify.Pad(pad_val=0), batchify.Stack())
 
 
 def bucket_steps(**kwargs):
