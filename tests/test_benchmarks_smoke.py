@@ -652,3 +652,23 @@ def test_the_page_matches_the_report_generator():
         block = page[page.index(start) : page.index(end)]
         assert target_header in block, section
         assert "issue" not in block and "| ours |" not in block, section
+
+
+@pytest.mark.timeout(240)
+def test_run_measures_the_folder_workload_end_to_end(tmp_path, capsys, fonts_loaded):
+    """``make bench ARGS="--quick --workloads W7"``: the folders are written, both loaders
+    run, and the report has W7's table and target."""
+    from benchmarks import run
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        assert run.main(["--quick", "--workloads", "W7", "--out", str(tmp_path)]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    out = capsys.readouterr().out
+    assert "W7: 256 JPEGs" in out and "**W7, JPEG files in class folders**" in out
+    assert re.search(r"\| W7 shardloader / Gluon \| [\d.]+x \([\d.]+-[\d.]+\) \| >= 3x \|", out)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert {r["loader"] for r in saved["runs"]} == {"gluon", "ours"}
+    assert all("error" not in r["result"] for r in saved["runs"])
+    assert len(os.listdir(tmp_path / "data" / "w7-jpeg-256-v1")) == 16
