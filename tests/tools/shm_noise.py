@@ -38,8 +38,23 @@ def _give_back(block: shared_memory.SharedMemory) -> None:
     block.unlink()
 
 
-def _stop(signum, frame):
-    raise SystemExit(0)
+class _Stop:
+    """Set by SIGTERM or SIGINT; the loop checks it between short sleeps, so a signal never
+    lands in the middle of taking or giving back the memory."""
+
+    requested = False
+
+    @classmethod
+    def handler(cls, signum, frame) -> None:
+        cls.requested = True
+
+    @classmethod
+    def wait(cls, seconds: float) -> bool:
+        """Sleep up to ``seconds``; whether a stop was requested."""
+        deadline = time.monotonic() + seconds
+        while not cls.requested and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+        return cls.requested
 
 
 def _detach() -> None:
@@ -62,10 +77,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.detach:
         _detach()
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _Stop.handler)
+    signal.signal(signal.SIGINT, _Stop.handler)
     cycle = 0
-    while args.cycles == 0 or cycle < args.cycles:
+    while (args.cycles == 0 or cycle < args.cycles) and not _Stop.requested:
         block = _take(args.mb)
         try:
             if cycle == 0 and args.pid_file:
@@ -74,13 +89,13 @@ def main(argv=None) -> int:
                     f.write(str(os.getpid()))
                 os.replace(tmp, args.pid_file)  # whole, or not there
             print(f"shm_noise: holding {args.mb} MB for {args.hold_s:g} s", flush=True)
-            time.sleep(args.hold_s)
+            _Stop.wait(args.hold_s)
         finally:
             _give_back(block)
         print(f"shm_noise: free for {args.free_s:g} s", flush=True)
         cycle += 1
         if args.cycles == 0 or cycle < args.cycles:
-            time.sleep(args.free_s)
+            _Stop.wait(args.free_s)
     return 0
 
 
