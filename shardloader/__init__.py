@@ -15,6 +15,7 @@ from ._errors import (
     LoaderTimeoutError,
     RecordIOError,
     ShardLoaderError,
+    SharedMemoryError,
     WorkerDiedError,
     WorkerError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "LoaderTimeoutError",
     "ClosedIteratorError",
     "RecordIOError",
+    "SharedMemoryError",
     "batchify",
     "dataiter",
     "distributed",

@@ -350,9 +350,14 @@ class RemoteError:
         )
 
     def describe(self) -> str:
+        """The message of the error rebuilt in the training process: the original error's
+        first line first (what went wrong, often what to do), then where it happened and
+        the worker's traceback."""
         where = f"worker {self.worker_id}" if self.worker_id is not None else "the loader"
+        lines = (self.message or "").strip().splitlines()
+        head = f"{self.type_name}: {lines[0]}\n" if lines else ""
         return (
-            f"Caught {self.type_name} in {where} while loading batch {self.seq} "
+            f"{head}Caught {self.type_name} in {where} while loading batch {self.seq} "
             f"(sample indices {short_indices(self.indices)}).\n"
             f"Original traceback (most recent call last, in the worker):\n"
             f"{self.traceback_text.rstrip()}"
@@ -463,6 +468,7 @@ PUBLIC_ERRORS = (
     LoaderTimeoutError,
     ClosedIteratorError,
     RecordIOError,
+    SharedMemoryError,
 )
 for _error in PUBLIC_ERRORS:
     _error.__module__ = "shardloader"

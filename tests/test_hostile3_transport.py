@@ -177,7 +177,9 @@ def test_a_keyerror_from_a_worker_is_readable_with_the_users_frames_first(mode):
     text = str(info.value)
     assert type(info.value) is KeyError
     assert "\\n" not in text and len(text.splitlines()) > 3, text
-    assert text.startswith("Caught KeyError in worker"), text
+    first, where = text.splitlines()[:2]
+    assert first == "KeyError: 'no such record'", text  # the error itself comes first
+    assert where.startswith("Caught KeyError in worker"), text
     frames = [line for line in text.splitlines() if line.strip().startswith("File ")]
     assert frames and __file__ in frames[0] and "__getitem__" in frames[0], frames
     assert not any(f"_engine{os.sep}worker.py" in f or "batch.py" in f for f in frames), frames

@@ -367,7 +367,7 @@ def test_mismatched_shapes_name_sample_and_shapes(pool):
     with loader, pytest.raises(ValueError) as info:
         list(loader)
     text = str(info.value)
-    assert "(3, 5)" in text and "(3, 4)" in text and "sample 2" in text
+    assert "(3, 5)" in text and "(3, 4)" in text and "dataset index 6" in text
 
 
 # ---------------------------------------------------------------------- start methods

@@ -283,13 +283,19 @@ def _death_error(death: WorkerLost, lost: List[Tuple[int, int, Sequence]], retry
     ``lost``, a list of ``(iter_id, seq, indices)``."""
     what = ", ".join(f"batch {s} (indices {short_indices(i)})" for _, s, i in lost[:4])
     traceback_text = ""
-    if death.error is not None:  # a thread worker: it raised outside any batch
+    if death.error is not None:  # it raised outside any batch (worker_init_fn, seeding)
         traceback_text = death.error.traceback_text
+        kind = "thread" if death.pid is None else "process"
+        rule = (
+            "a thread is not restarted"
+            if death.pid is None
+            else "a worker whose start failed is not restarted"
+        )
         message = (
-            f"thread worker {death.worker_id} stopped: {death.where} raised "
+            f"{kind} worker {death.worker_id} stopped: {death.where} raised "
             f"{death.error.type_name}: {death.error.message}. It owed "
-            f"{what or 'no batch'}. The pool will be rebuilt for the next epoch (a "
-            f"thread is not restarted, whatever on_worker_death says).\n"
+            f"{what or 'no batch'}. The pool will be rebuilt for the next epoch ({rule}, "
+            f"whatever on_worker_death says).\n"
             f"Original traceback (most recent call last, in the worker):\n"
             f"{traceback_text.rstrip()}"
         )
