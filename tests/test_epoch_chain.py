@@ -41,6 +41,7 @@ class RaisingBatchSampler:
         return self.good + 1
 
 
+@pytest.mark.mx2_smoke
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("backend", ["inline", "thread", "fork"])
 def test_a_sampler_error_comes_after_the_batches_it_yielded(backend, no_leaks):
@@ -62,6 +63,7 @@ def _epoch_orders(**kwargs):
         return {e: (loader.set_epoch(e), _values(loader))[1] for e in (0, 1, 2, 10, 11)}
 
 
+@pytest.mark.mx2_smoke
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["auto_reload", "refresh"])
 def test_set_epoch_replaces_an_epoch_started_ahead(how, no_leaks):
@@ -80,6 +82,7 @@ def test_set_epoch_replaces_an_epoch_started_ahead(how, no_leaks):
         assert _values(loader) == want[11]
 
 
+@pytest.mark.mx2_smoke
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("prefetch", [None, 0])
 @pytest.mark.parametrize("backend", ["inline", "thread", "fork"])
@@ -263,6 +266,7 @@ def test_boolean_arguments_take_numpy_booleans():
         assert len(_values(loader)) == 4
 
 
+@pytest.mark.mx2_smoke
 @pytest.mark.parametrize(
     "typo, meant", [("num_worker", "num_workers"), ("batchsize", "batch_size"), ("sed", "seed")]
 )

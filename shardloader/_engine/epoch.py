@@ -21,10 +21,10 @@ import weakref
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 from .._errors import ClosedIteratorError
+from . import timing
 from .router import NOT_READY, Router
 from .stage import Stage
 from .stats import Stats, batch_nbytes
-from .timing import EPOCH_POLL_S
 
 _iter_ids = itertools.count()
 
@@ -123,7 +123,7 @@ class PooledEpoch(Stage):
         while True:
             if self._cancelled.is_set():
                 raise ClosedIteratorError("the loader iterator was closed while waiting")
-            wait = EPOCH_POLL_S
+            wait = timing.EPOCH_POLL_S
             if self._timeout is not None:
                 elapsed = time.monotonic() - started
                 if elapsed > self._timeout:

@@ -27,9 +27,9 @@ import threading
 import time
 from typing import Callable, Optional
 
+from . import timing
+
 _PR_SET_PDEATHSIG = 1
-# How often the lifeline checks on the parent where no pidfd can be had.
-_POLL_INTERVAL_S = 0.5
 
 
 def parent_death_signal(signum: int, parent_pid: Optional[int]) -> Optional[Callable[[], None]]:
@@ -85,7 +85,7 @@ def _watch(parent_pid: int, pidfd: Optional[int], ppid: int) -> None:
     else:
         # A reparented child has lost its parent, even if the pid is in use again.
         while _alive(parent_pid) and os.getppid() == ppid:
-            time.sleep(_POLL_INTERVAL_S)
+            time.sleep(timing.LIFELINE_POLL_S)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -37,10 +37,10 @@ from .._errors import (
     describe_exitcode,
     short_indices,
 )
+from . import timing
 from .protocol import Result, Task, WorkerLost
 from .reorder import ReorderBuffer
 from .stats import Stats, batch_nbytes
-from .timing import TINY_BATCH_S
 
 # How often on_worker_death='restart' re-sends one batch whose worker died.
 _MAX_RESTARTS_PER_BATCH = 2
@@ -135,7 +135,7 @@ class Router:
     def chunk(self, limit: int) -> int:
         """Batches per task: 1, or a worker's share of ``limit`` when batches are tiny."""
         mean = self._mean_busy_s
-        if mean is None or mean >= TINY_BATCH_S:
+        if mean is None or mean >= timing.TINY_BATCH_S:
             return 1
         return max(1, limit // self._pool.num_workers)
 

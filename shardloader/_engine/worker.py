@@ -38,6 +38,7 @@ from multiprocessing import reduction
 from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from .._errors import RemoteError
+from . import timing
 from .batch import BatchMaker
 from .ipc import alloc as _alloc
 from .ipc import inherit
@@ -56,11 +57,6 @@ from .protocol import (
     encode_reply,
 )
 from .seeding import seed_thread_worker, seed_worker
-
-# How often an idle worker process checks that its parent is still alive.
-_PARENT_CHECK_INTERVAL_S = 0.5
-# How often an idle thread worker rechecks the stop flag.
-_THREAD_POLL_INTERVAL_S = 0.1
 
 
 class WorkerInfo(NamedTuple):
@@ -178,7 +174,7 @@ class _ThreadChannel:
     def next_task(self) -> Optional[Task]:
         while not self._stop.is_set():
             try:
-                return self._tasks.get(timeout=_THREAD_POLL_INTERVAL_S)
+                return self._tasks.get(timeout=timing.THREAD_WORKER_POLL_S)
             except queue.Empty:
                 continue
         return None
@@ -240,7 +236,7 @@ class _PipeChannel:
     def next_task(self) -> Optional[Task]:
         conn, tasks = self._conn, self._tasks
         while True:
-            if not tasks and not conn.poll(_PARENT_CHECK_INTERVAL_S):
+            if not tasks and not conn.poll(timing.WORKER_PARENT_CHECK_S):
                 if os.getppid() != self._ppid:
                     return None  # reparented: the main process (or the forkserver) is gone
                 continue

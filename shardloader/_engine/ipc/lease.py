@@ -39,6 +39,7 @@ from typing import Deque, Optional, Tuple
 
 import numpy as np
 
+from .. import timing
 from .bufferpool import buffers
 
 # ------------------------------------------------------------------ wrapping without a copy
@@ -128,10 +129,6 @@ def reap_all() -> None:
 # Leases checked per call on the per-batch path, and per background poll (round robin).
 _HOT_REAP = 8
 _REAP_BATCH = 256
-# How often the background reaper polls while leases are outstanding.
-_REAP_INTERVAL_S = 0.02
-# How long the background reaper waits with no lease before it exits.
-_REAPER_LINGER_S = 1.0
 
 
 class _DLContext(ctypes.Structure):
@@ -298,7 +295,7 @@ class _Registry:
         idle_since = None
         event = threading.Event()
         while True:
-            event.wait(_REAP_INTERVAL_S)
+            event.wait(timing.REAP_INTERVAL_S)
             if self._leases:
                 idle_since = None
                 self.reap(_REAP_BATCH)
@@ -306,7 +303,7 @@ class _Registry:
             now = time.monotonic()
             if idle_since is None:
                 idle_since = now
-            elif now - idle_since >= _REAPER_LINGER_S:
+            elif now - idle_since >= timing.REAPER_LINGER_S:
                 with self._lock:
                     if not self._leases:
                         self._reaper = None

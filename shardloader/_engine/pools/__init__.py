@@ -29,11 +29,6 @@ try:
 except ImportError:  # Python 3.7
     Protocol = object  # type: ignore[assignment,misc]
 
-# Grace period for a worker to exit after being asked to.
-JOIN_TIMEOUT_S = 2.0
-# After SIGTERM, how long before SIGKILL.
-TERMINATE_TIMEOUT_S = 1.0
-
 __all__ = ["Pool", "ProcessPool", "ThreadPool"]
 
 

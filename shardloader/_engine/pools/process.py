@@ -19,13 +19,13 @@ from multiprocessing import connection
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..._errors import ReadyError, WorkerError
-from .. import protocol
+from .. import protocol, timing
 from ..ipc import inherit
 from ..ipc.fds import receive_fd
 from ..ipc.table import SlotTable
 from ..protocol import Failed, Release, Reply, Result, Task, Work, WorkerLost
 from ..worker import ProcessSetup, WorkerInfo, process_worker_main
-from . import JOIN_TIMEOUT_S, TERMINATE_TIMEOUT_S, finalizing, fresh_entropy
+from . import finalizing, fresh_entropy
 
 _worker_keys = itertools.count()
 
@@ -57,7 +57,7 @@ def _shutdown_processes(workers: Dict[int, _ProcWorker], table, owner: int) -> N
         except (OSError, ValueError):
             pass
     if not finalizing():
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        deadline = time.monotonic() + timing.JOIN_TIMEOUT_S
         for w in procs:
             w.process.join(max(0.0, deadline - time.monotonic()))
     for w in procs:
@@ -65,7 +65,7 @@ def _shutdown_processes(workers: Dict[int, _ProcWorker], table, owner: int) -> N
             w.process.terminate()
     for w in procs:
         if not finalizing():
-            w.process.join(TERMINATE_TIMEOUT_S)
+            w.process.join(timing.TERMINATE_TIMEOUT_S)
         _reap(w)
     table.close()
 
@@ -374,7 +374,7 @@ class ProcessPool:
     def _bury(self, w: _ProcWorker) -> WorkerLost:
         self._workers.pop(w.id, None)
         pid = w.process.pid
-        w.process.join(TERMINATE_TIMEOUT_S)
+        w.process.join(timing.TERMINATE_TIMEOUT_S)
         exitcode = w.process.exitcode
         self._table.forget_worker(w.key)
         _reap(w)
@@ -434,7 +434,7 @@ def _reap(w: _ProcWorker) -> None:
     """Kill ``w`` if it still runs, wait for it, and close its pipe and process handle."""
     if w.process.is_alive():
         w.process.kill()
-        w.process.join(TERMINATE_TIMEOUT_S)
+        w.process.join(timing.TERMINATE_TIMEOUT_S)
     try:
         w.conn.close()
     except OSError:

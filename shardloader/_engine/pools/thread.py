@@ -13,10 +13,11 @@ import time
 import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
+from .. import timing
 from ..batch import BatchMaker
 from ..protocol import Result, Task, WorkerLost
 from ..worker import WorkerInfo, thread_worker_main
-from . import JOIN_TIMEOUT_S, finalizing, fresh_entropy
+from . import finalizing, fresh_entropy
 
 
 def _shutdown_threads(
@@ -28,7 +29,7 @@ def _shutdown_threads(
     for _ in threads:
         tasks.put(None)
     if not finalizing():
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        deadline = time.monotonic() + timing.JOIN_TIMEOUT_S
         for t in threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
