@@ -443,8 +443,10 @@ def test_a_batch_sampler_of_bare_ints_is_a_clear_type_error(mode):
 
 
 def _shmem_kb() -> int:
-    with open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("Shmem:"))
+    # This test's processes' shared memory, not the machine's (which others move too).
+    from conftest import shmem_kb
+
+    return shmem_kb()
 
 
 def _inodes(pid: int):

@@ -129,7 +129,7 @@ def _add_demo(subparsers: Any) -> None:
         "--stop-after-batches",
         type=_positive_int,
         metavar="N",
-        help="simulate a crash: save a checkpoint after N training steps and exit",
+        help="simulate a crash: save a checkpoint after N batches (one per training step) and exit",
     )
     # Small sizes for the tests; not part of the advertised interface.
     demo.add_argument("--train-size", type=_positive_int, default=4000, help=argparse.SUPPRESS)
