@@ -51,9 +51,9 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 from ._compat import DeviceType
 from ._engine import device as _device
 from ._engine import timing
-from ._engine.stage import CLOSED_MESSAGE
+from ._engine.stage import Stage
 from ._engine.stage import cancel as _cancel
-from ._errors import ClosedIteratorError, WorkerError
+from ._errors import WorkerError
 from ._validate import check_int
 
 __all__ = ["Prefetcher", "DevicePrefetcher", "PrefetchIterator"]
@@ -186,12 +186,13 @@ def _shutdown(
     return True
 
 
-class PrefetchIterator:
+class PrefetchIterator(Stage):
     """An iterator over ``iterable`` whose items are pulled ahead on one background thread.
 
     Made by ``Prefetcher.prefetch`` and ``DevicePrefetcher.prefetch``. The thread
     starts in the constructor. The iterator owns the source: the thread closes it (if it has
-    ``close()``) when it stops.
+    ``close()``) when it stops. It follows the contract of every stage of a loader's epoch
+    (``close()``, ``closed``, ``with``, ``cancel()``).
 
     Parameters
     ----------
@@ -224,27 +225,18 @@ class PrefetchIterator:
             daemon=True,
         )
         self._thread.start()
-        self._source = source
+        # Only the thread touches the source (it closes it, too); here it is only cancelled.
+        self._upstream = source
         self._finalizer = weakref.finalize(
             self, _shutdown, self._items, self._slots, self._stop, self._thread, source
         )
-        self._finished = False
-        self._closed = False
 
-    def __iter__(self) -> PrefetchIterator:
-        return self
-
-    def __next__(self) -> Any:
-        if self._finished:
-            if self._closed:
-                raise ClosedIteratorError(CLOSED_MESSAGE)
-            raise StopIteration
+    def _next(self) -> Any:
         item = self._take()
         if item is _END:
-            self._finish()
-            raise StopIteration
+            raise StopIteration  # the stage ends (Stage.__next__)
         if type(item) is _Raised:
-            self._finish()
+            self._end()
             exc, item = item.exc, None
             try:
                 raise _raisable(exc)
@@ -264,43 +256,26 @@ class PrefetchIterator:
                 try:
                     return self._items.get_nowait()
                 except queue.Empty:
-                    self._finish()
+                    self._end()
                     raise WorkerError(
                         f"prefetch thread {self._thread.name} ended without delivering an item, "
                         "an error or the end of the data"
                     ) from None
 
-    def _finish(self) -> None:
-        self._finished = True
-        self._finalizer()
-
-    def close(self) -> None:
-        """Stop the thread, drop buffered items and join; safe to call more than once."""
-        self._closed = True
-        self._finish()
+    def _release(self) -> None:
+        self._finalizer()  # stop, drain, join: see the module docstring
 
     def cancel(self) -> None:
         """Ask a source blocked in ``next()`` to give up (the stage contract's ``cancel``)."""
-        _cancel(self._source)
-
-    @property
-    def closed(self) -> bool:
-        """Whether ``close`` was called."""
-        return self._closed
+        _cancel(self._upstream)
 
     @property
     def running(self) -> bool:
         """Whether the background thread is still alive."""
         return self._thread.is_alive()
 
-    def __enter__(self) -> PrefetchIterator:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "finished" if self._finished else "running"
+        state = "closed" if self._closed else "finished" if self._ended else "running"
         return f"<PrefetchIterator {self._thread.name} {state}>"
 
 
