@@ -65,7 +65,8 @@ def test_second_batch_is_stacked_straight_into_a_reused_slot():
                 assert in_slot, "after the first batch, the stack lands in the slot itself"
             del out
             gc.collect()
-            ring.release(table.take_releases(0))  # the user dropped the batch
+            table.collect()  # the user dropped the batch: its finalizer runs
+            ring.release(table.take_releases(0))
         assert [o[0, 0] for o in outs] == [0, 1, 2]
         assert len(ring._slots) == 1, "one slot, reused for every batch"
     finally:
@@ -109,13 +110,33 @@ def test_slot_returns_only_after_every_array_of_the_batch_is_gone():
         del data
         gc.collect()
         mx.nd.waitall()
+        table.collect()
         assert table.take_releases(0) == [], "label still uses the slot"
         del label
         gc.collect()
+        table.collect()
         assert table.take_releases(0) == [0]
         assert float(data2.sum().asscalar()) == 20000.0
     finally:
         ring.close()
+        table.close()
+
+
+def test_the_tables_queries_run_no_finalizer(monkeypatch):
+    """``take_releases`` and ``urgent`` only read what ``collect`` queued: asking them runs
+    no lease's finalizer (sides.MainSide's call order)."""
+    from shardloader._engine.ipc import table as table_module
+
+    reaped = []
+    monkeypatch.setattr(table_module, "reap_some", lambda: reaped.append(1))
+    table = SlotTable()
+    try:
+        assert table.take_releases(0) == [] and table.urgent() == []
+        assert table.take_resends(0) == []
+        assert reaped == [], "a query ran the finalizers of released batches"
+        table.collect()
+        assert reaped == [1]
+    finally:
         table.close()
 
 

@@ -42,6 +42,7 @@ from . import timing
 from .batch import BatchMaker
 from .ipc import alloc as _alloc
 from .ipc import inherit
+from .ipc.sides import WorkerSide
 from .ipc.slots import SlotRing
 from .lifeline import parent_death_signal, start_lifeline
 from .protocol import (
@@ -227,7 +228,7 @@ def thread_worker_main(
 class _PipeChannel:
     """A worker process's end of its pipe, and the slot ring its batches go into."""
 
-    def __init__(self, worker_id: int, conn, ring: SlotRing, ppid: int) -> None:
+    def __init__(self, worker_id: int, conn, ring: WorkerSide, ppid: int) -> None:
         self._worker_id, self._conn, self._ring, self._ppid = worker_id, conn, ring, ppid
         self._tasks: collections.deque = collections.deque()
         self._results: List[Tuple[Task, int, bool, Any, float]] = []
@@ -280,7 +281,7 @@ class _PipeChannel:
                 ring.sent(head.slot_id)
 
 
-def _slot_maker(maker: BatchMaker, ring: SlotRing, native: bool, channel: _PipeChannel):
+def _slot_maker(maker: BatchMaker, ring: WorkerSide, native: bool, channel: _PipeChannel):
     """``make`` for a process worker: the batch, carved into a slot, as ``(skeleton,
     slot_id)``. With ``native`` (shardloader's own batchify function), batchify allocates
     its output in the slot itself, so the batch is written once."""
@@ -351,7 +352,7 @@ def process_worker_main(setup: ProcessSetup, conn) -> None:
         mxnet_per_sample=setup.mxnet_per_sample,
         numpy_flags=setup.numpy_flags,
     )
-    ring = SlotRing()
+    ring: WorkerSide = SlotRing()
     channel = _PipeChannel(info.id, conn, ring, os.getppid())
     try:
         WorkerLoop(info.id, _slot_maker(maker, ring, setup.native_batchify, channel), channel).run()

@@ -4,8 +4,9 @@ without a copy, and how MXNet hands our memory back.
 Modules: ``slots`` (a worker's ring of slots, and carving a batch into one), ``table`` (the
 main process's view of every worker's slots), ``fds`` (receiving a slot's descriptor),
 ``alloc`` (where batchify writes, and the buffer pool of inline batches), ``lease`` (MXNet
-arrays over our memory, and their release) and ``inherit`` (what a forked worker lets go
-of).
+arrays over our memory, and their release), ``inherit`` (what a forked worker lets go
+of) and ``sides`` (the two sides of the protocol below, ``WorkerSide`` and ``MainSide``, as
+``typing.Protocol`` classes with the order of their calls).
 
 The transport for process workers:
 
@@ -27,10 +28,12 @@ Ownership protocol (docs/design.md, invariant 4: every segment has exactly one o
   arrays without a copy (``lease.as_ndarray``). When MXNet has released the last of them
   and the user holds no numpy view either, a finalizer on the slot's buffer object queues
   the slot id, and the next message to that worker hands it back (a large slot goes at
-  once, in a message of its own). MXNet's release never runs Python: it posts a semaphore
-  that Python threads poll (see ``lease``), so the finalizer always runs on a Python
-  thread that holds the GIL, never on an MXNet engine thread, and a ``fork()`` anywhere in
-  the process cannot deadlock on it (docs/design.md, invariant 7).
+  once, in a message of its own). The finalizers run when the pool asks the table to
+  ``collect()`` (before each message it sends) or on the background reaper; the table's
+  queries (``take_releases``, ``urgent``) run none. MXNet's release never runs Python: it
+  posts a semaphore that Python threads poll (see ``lease``), so the finalizer always runs
+  on a Python thread that holds the GIL, never on an MXNet engine thread, and a ``fork()``
+  anywhere in the process cannot deadlock on it (docs/design.md, invariant 7).
   A batch that is never handed to the user (early ``break``, error, ``close()``) is released
   the same way by whoever drops it.
 * Memory is freed when both mappings are gone: the worker drops a surplus free slot and says

@@ -123,7 +123,8 @@ class _Slot:
 
 
 class SlotRing:
-    """A worker's reusable shared-memory slots."""
+    """A worker's reusable shared-memory slots (its calls and their order:
+    ``sides.WorkerSide``)."""
 
     def __init__(self) -> None:
         self._slots: Dict[int, _Slot] = {}

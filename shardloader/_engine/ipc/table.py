@@ -1,6 +1,6 @@
 """The main process's side of the shared-memory transport (protocol: the ``ipc`` package's
-docstring): every worker's slots mapped here, the arrays wrapped over them, and their release
-back to the worker."""
+docstring; the calls and their order: ``sides.MainSide``): every worker's slots mapped here,
+the arrays wrapped over them, and their release back to the worker."""
 
 from __future__ import annotations
 
@@ -171,9 +171,14 @@ class SlotTable:
             else:
                 mapped.unmap()  # the worker is gone or dropped it
 
+    def collect(self) -> None:
+        """Run the finalizers of a few batches MXNet has released since the last call
+        (``lease.reap_some``): their slots join the queues that ``take_releases`` and
+        ``urgent`` read. The pool calls it once before it asks them (``sides.MainSide``)."""
+        reap_some()
+
     def urgent(self) -> List[int]:
         """Workers with a large released slot waiting to go back to them."""
-        reap_some()
         if not self._urgent:  # the common case, twice per batch: no lock, no list
             return []
         with self._lock:
@@ -181,7 +186,7 @@ class SlotTable:
         return keys
 
     def take_releases(self, worker_key: int) -> List[int]:
-        reap_some()
+        """Slot ids released since the last call, for this worker to reuse."""
         self._urgent.discard(worker_key)
         queue = self._releases.get(worker_key)
         out: List[int] = []

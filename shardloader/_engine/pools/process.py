@@ -22,6 +22,7 @@ from ..._errors import ReadyError, WorkerError
 from .. import protocol, timing
 from ..ipc import inherit
 from ..ipc.fds import receive_fd
+from ..ipc.sides import MainSide
 from ..ipc.table import SlotTable
 from ..protocol import Failed, Release, Reply, Result, Task, Work, WorkerLost
 from ..worker import ProcessSetup, WorkerInfo, process_worker_main
@@ -43,7 +44,7 @@ class _ProcWorker:
         self.failed: Optional[Failed] = None  # it could not start, and said why
 
 
-def _shutdown_processes(workers: Dict[int, _ProcWorker], table, owner: int) -> None:
+def _shutdown_processes(workers: Dict[int, _ProcWorker], table: MainSide, owner: int) -> None:
     """Idempotent teardown shared by close() and the garbage-collection finalizer. A no-op
     in any process but the pool's owner: a child made with ``os.fork()`` runs this at its
     exit, and must not stop (or join, or unmap for) its parent's workers."""
@@ -99,7 +100,7 @@ class ProcessPool:
         self._ctx = mp.get_context(start_method)
         self._entropy = fresh_entropy()
         self._workers: Dict[int, _ProcWorker] = {}
-        self._table = SlotTable()
+        self._table: MainSide = SlotTable()
         self._lock = threading.RLock()
         self._closed = False
         # A worker whose seeding or worker_init_fn raised is not restarted: it would most
@@ -232,6 +233,7 @@ class ProcessPool:
                 # task has nowhere to go, and poll() refuses to wait on nothing.
                 return
             w = min(self._workers.values(), key=lambda w: (len(w.tasks), w.id))
+            self._table.collect()
             released = self._table.take_releases(w.key)
             resend = self._table.take_resends(w.key)
             w.tasks[(task.iter_id, task.batches[0][0])] = task
@@ -261,6 +263,7 @@ class ProcessPool:
                     "the worker pool has no live workers left (their deaths were reported "
                     "before); the next iter() starts a new pool"
                 )
+            self._table.collect()
             self._send_urgent_releases()
             results: List[Result] = []
             # Fast path: replies already waiting cost one poll() each, no selector.
