@@ -3,6 +3,7 @@ of an epoch (``_engine.stage``), and the router's verbs over both kinds of pool.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -16,10 +17,11 @@ from shardloader._engine.device import PinStage
 from shardloader._engine.epoch import InlineEpoch, PooledEpoch
 from shardloader._engine.ipc.alloc import numpy_flags
 from shardloader._engine.pools import ProcessPool, ThreadPool
+from shardloader._engine.protocol import Task
 from shardloader._engine.router import NOT_READY, Router
 from shardloader._engine.stage import CLOSED_MESSAGE
 from shardloader._engine.stats import Stats
-from shardloader._errors import ClosedIteratorError, LoaderTimeoutError
+from shardloader._errors import ClosedIteratorError, LoaderTimeoutError, WorkerDiedError
 from shardloader.prefetch import DevicePrefetcher
 
 DATA = np.arange(40, dtype="float32")
@@ -172,10 +174,10 @@ def _take(router, iter_id, deadline_s=10.0):
 
 @pytest.mark.timeout(60)
 def test_router_returns_each_epochs_batches_in_order(no_leaks, router):
-    router.open(1, 0)
-    router.open(2, 0)
-    router.dispatch(1, 0, list(enumerate(BATCHES[:5])))
-    router.dispatch(2, 0, [(0, BATCHES[9]), (1, BATCHES[8])])
+    router.open(1, 0, 0)
+    router.open(2, 0, 0)
+    router.dispatch(1, list(enumerate(BATCHES[:5])))
+    router.dispatch(2, [(0, BATCHES[9]), (1, BATCHES[8])])
     assert router.in_flight(1) == 5 and router.in_flight(2) == 2
     assert _take(router, 2).asnumpy().tolist() == BATCHES[9]
     got = [_take(router, 1).asnumpy().tolist() for _ in range(5)]
@@ -189,8 +191,8 @@ def test_router_returns_each_epochs_batches_in_order(no_leaks, router):
 
 @pytest.mark.timeout(60)
 def test_router_close_frees_buffered_batches_and_refuses_takes(no_leaks, router):
-    router.open(1, 0)
-    router.dispatch(1, 0, [(seq, BATCHES[seq]) for seq in (1, 2, 3)])  # batch 0 never comes
+    router.open(1, 0, 0)
+    router.dispatch(1, [(seq, BATCHES[seq]) for seq in (1, 2, 3)])  # batch 0 never comes
     for _ in range(20):  # the three arrive and wait in the reorder buffer for batch 0
         assert router.take(1, 0.05) is NOT_READY
     assert router.in_flight(1) == 3
@@ -219,6 +221,81 @@ def test_router_timeout_names_the_batch_and_marks_the_pool_for_rebuilding(no_lea
             next(stage)
         assert not router.healthy
         assert stage.ended
+    finally:
+        router.shutdown()
+
+
+class _DiesOnce:
+    """Index 5 kills its worker process while ``flag`` exists, and removes it first: the
+    first worker to load it dies, the next one loads it."""
+
+    def __init__(self, flag) -> None:
+        self.flag = str(flag)
+
+    def __len__(self) -> int:
+        return len(DATA)
+
+    def __getitem__(self, i):
+        if i == 5 and os.path.exists(self.flag):
+            os.unlink(self.flag)
+            os._exit(3)
+        return DATA[i]
+
+
+def _poll_until_lost(pool, deadline_s=20.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        _, lost = pool.poll(0.1)
+        if lost:
+            return lost
+    raise AssertionError("no worker death within the deadline")
+
+
+@pytest.mark.timeout(60)
+def test_a_lost_worker_names_the_batches_it_owed_as_keys(no_leaks, tmp_path):
+    """The pool tracks only which batches a worker owes, ``(iter_id, seq)``; their indices
+    live in the router's registry."""
+    flag = tmp_path / "die"
+    flag.touch()
+    pool = _pool("process", dataset=_DiesOnce(flag), workers=1)
+    try:
+        pool.submit(Task(7, 0, [(3, [4, 5, 6, 7]), (4, [8, 9, 10, 11])]))
+        (lost,) = _poll_until_lost(pool)
+        assert lost.exitcode == 3
+        assert lost.batches == [(7, 3), (7, 4)]
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(60)
+def test_router_resends_a_dead_workers_batches_from_its_registry(no_leaks, tmp_path):
+    flag = tmp_path / "die"
+    flag.touch()
+    router = Router(_pool("process", dataset=_DiesOnce(flag)), "restart", Stats())
+    try:
+        router.open(1, 0, 3)
+        router.dispatch(1, list(enumerate(BATCHES[:4])))
+        got = [_take(router, 1, 30.0).asnumpy().tolist() for _ in range(4)]
+        assert got == BATCHES[:4]
+        assert not flag.exists(), "a worker died on index 5, and its batch was sent again"
+        assert router.in_flight(1) == 0 and router.healthy
+        router.close(1)
+    finally:
+        router.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_router_names_a_dead_workers_batch_from_its_registry(no_leaks, tmp_path):
+    flag = tmp_path / "die"
+    flag.touch()
+    router = Router(_pool("process", dataset=_DiesOnce(flag), workers=1), "raise", Stats())
+    try:
+        router.open(1, 0, 0)
+        router.dispatch(1, [(0, BATCHES[1])])  # indices 4-7: the worker dies on 5
+        with pytest.raises(WorkerDiedError, match=r"batch 0 \(indices \[4, 5, 6, 7\]\)") as info:
+            _take(router, 1, 30.0)
+        assert info.value.seq == 0 and list(info.value.indices) == [4, 5, 6, 7]
+        assert not router.healthy
     finally:
         router.shutdown()
 

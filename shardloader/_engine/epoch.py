@@ -51,14 +51,13 @@ class PooledEpoch(Stage):
     ) -> None:
         self._router = router
         self._source = items
-        self._epoch = epoch
         self._iter_id = next(_iter_ids)
         self._limit = max(prefetch, 1)
         self._timeout = timeout
         self._exhausted = False
         self._items_error: Optional[BaseException] = None  # the sampler's, raised last
         self._cancelled = threading.Event()
-        router.open(self._iter_id, start)
+        router.open(self._iter_id, start, epoch)
         # An epoch dropped without close() (a ``break``) still frees its batches.
         self._finalizer = weakref.finalize(self, router.close, self._iter_id)
         self._fill(prefetch)
@@ -85,7 +84,7 @@ class PooledEpoch(Stage):
                     f"internal error: {in_flight + len(batches)} batches in flight, "
                     f"more than the bound {self._limit}"
                 )
-            router.dispatch(iter_id, self._epoch, batches)
+            router.dispatch(iter_id, batches)
 
     def _pull(self, k: int) -> List[Tuple[int, Sequence]]:
         """Up to ``k`` items; an error of the batch sampler is kept for after the batches

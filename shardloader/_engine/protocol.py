@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from .._errors import RemoteError, SharedMemoryError, WorkerError, short_indices
+from .._errors import ReadyError, RemoteError, SharedMemoryError, WorkerError, short_indices
 from .ipc.fds import descriptor_limits
 
 __all__ = [
@@ -84,14 +84,35 @@ class Result(NamedTuple):
 
 class WorkerLost(NamedTuple):
     """A worker that ended while it owed batches: a process that exited or was killed, or
-    a thread that stopped on an error outside any batch (``error``, its record)."""
+    a thread that stopped on an error outside any batch (``error``, its record). The pools
+    know only which batches a worker owes; their indices are in the router's registry."""
 
     worker_id: int
     pid: Optional[int]
     exitcode: Optional[int]
-    tasks: List[Task]
+    batches: List[Tuple[int, int]]  # (iter_id, seq) of every batch it owed
     error: Optional[RemoteError] = None
     where: str = ""  # for a thread: what it was doing when it stopped
+
+
+class LocalFailure:
+    """A failed result's payload whose error is made in the training process (a batch that
+    arrived but does not unpickle here, or whose slot could not be taken), waiting for the
+    batch's indices: the pool knows only which batches a worker owes, and the router, whose
+    registry holds the indices, calls ``resolve`` when the result arrives."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[Optional[Sequence]], BaseException]) -> None:
+        self._make = make  # indices -> the error
+
+    def resolve(self, indices: Optional[Sequence]) -> ReadyError:
+        """The payload with the error made, naming ``indices``."""
+        return ReadyError(self._make(indices))
+
+    def rebuild(self) -> BaseException:
+        """The error without its indices (for a result nobody resolved)."""
+        return self._make(None)
 
 
 # ------------------------------------------------------------- main process -> a worker
@@ -305,12 +326,12 @@ def undecodable(exc: Exception, reply: Reply, n: int, worker_id: int, indices) -
     return error
 
 
-def dropped_with(seq: int, failed: WorkerError, worker_id: int, indices) -> WorkerError:
-    """The error for batch ``seq``, which came after the undecodable ``failed`` in one
-    message: they share a pickle memo, so it is dropped with it."""
+def dropped_with(seq: int, failed_seq: int, worker_id: int, indices) -> WorkerError:
+    """The error for batch ``seq``, which came after the undecodable batch ``failed_seq`` in
+    one message: they share a pickle memo, so it is dropped with it."""
     return WorkerError(
         f"batch {seq} (sample indices {short_indices(indices)}) came from worker {worker_id} "
-        f"in one message with batch {failed.seq}, which could not be unpickled here, and was "
+        f"in one message with batch {failed_seq}, which could not be unpickled here, and was "
         f"dropped with it",
         worker_id=worker_id,
         seq=seq,
@@ -321,7 +342,7 @@ def dropped_with(seq: int, failed: WorkerError, worker_id: int, indices) -> Work
 # ------------------------------------------- a slot the training process could not take
 
 
-def slot_error(worker_id: int, seq: int, indices, err: int, capacity: int) -> SharedMemoryError:
+def slot_error(worker_id: int, seq: int, err: int, capacity: int, indices) -> SharedMemoryError:
     """The error for batch ``seq``, whose slot (``capacity`` bytes) came from worker
     ``worker_id`` but could not be taken here: its descriptor was dropped (``EMFILE``), or
     mapping it failed with ``err``. The worker is healthy; only this batch is lost."""

@@ -3,9 +3,10 @@
 An epoch (``epoch.PooledEpoch``) never sees the pool. It talks to the router in four verbs,
 and every batch comes back to it as a return value:
 
-``open(iter_id, start)``
-    Start routing an epoch's results: the router keeps one reorder buffer per open epoch.
-``dispatch(iter_id, epoch, batches)``
+``open(iter_id, start, epoch)``
+    Start routing an epoch's results: the router keeps one reorder buffer per open epoch,
+    and its epoch number (what the workers seed from).
+``dispatch(iter_id, batches)``
     Send batches ``(seq, indices)`` to the workers; they join the registry of outstanding
     work (``in_flight``).
 ``take(iter_id, wait_s)``
@@ -19,7 +20,9 @@ and every batch comes back to it as a return value:
 
 Everything about the pool stays in here, with one writer: worker death and restart
 (``on_worker_death``), the registry of outstanding work (``(iter_id, seq) -> indices``,
-read by dispatch, restart, timeouts and the epochs' in-flight bound), task sizing (several
+read by dispatch, restart, timeouts, error messages and the epochs' in-flight bound; the
+pools know only which batches each worker owes, as keys, and a ``WorkerLost`` names those
+keys), task sizing (several
 tiny batches to one message), and whether the pool must be rebuilt (``healthy``). A lock
 makes each verb atomic, so epochs on different threads share one router safely.
 """
@@ -38,7 +41,7 @@ from .._errors import (
     short_indices,
 )
 from . import timing
-from .protocol import Result, Task, WorkerLost
+from .protocol import LocalFailure, Result, Task, WorkerLost
 from .reorder import ReorderBuffer
 from .stats import Stats, batch_nbytes
 
@@ -61,13 +64,15 @@ NOT_READY = _NotReady()
 
 
 class _Route:
-    """One open epoch, as the router sees it."""
+    """One open epoch, as the router sees it: its part of the registry of outstanding work."""
 
-    __slots__ = ("buffer", "pending", "error")
+    __slots__ = ("buffer", "epoch", "pending", "deaths", "error")
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, epoch: int) -> None:
         self.buffer = ReorderBuffer(start=start)
+        self.epoch = epoch
         self.pending: Dict[int, Sequence] = {}  # seq -> indices: dispatched, not arrived
+        self.deaths: Dict[int, int] = {}  # seq -> workers that died owing it
         self.error: Optional[BaseException] = None  # ends the epoch once its batches are out
 
 
@@ -92,7 +97,6 @@ class Router:
         self._routes: Dict[int, _Route] = {}
         self._broken: Optional[BaseException] = None  # why the pool must be rebuilt
         self._mean_busy_s: Optional[float] = None
-        self._losses: Dict[Tuple[int, int], int] = {}  # (iter_id, seq) -> deaths of its worker
         self._lock = threading.RLock()
 
     # -- the pool's state
@@ -115,9 +119,9 @@ class Router:
         self._pool.close()
 
     # -- the verbs
-    def open(self, iter_id: int, start: int) -> None:
+    def open(self, iter_id: int, start: int, epoch: int) -> None:
         with self._lock:
-            self._routes[iter_id] = _Route(start)
+            self._routes[iter_id] = _Route(start, epoch)
 
     def close(self, iter_id: int) -> None:
         """Stop routing ``iter_id``'s results and free the batches it buffered; idempotent.
@@ -126,8 +130,6 @@ class Router:
             route = self._routes.pop(iter_id, None)
             if route is None:
                 return
-            for seq in route.pending:
-                self._losses.pop((iter_id, seq), None)
             for _, result in route.buffer.drain():
                 self._pool.discard(result)
             self._stats.reorder_depth = 0
@@ -144,13 +146,13 @@ class Router:
         route = self._routes.get(iter_id)
         return 0 if route is None else len(route.pending) + len(route.buffer)
 
-    def dispatch(self, iter_id: int, epoch: int, batches: List[Tuple[int, Sequence]]) -> None:
+    def dispatch(self, iter_id: int, batches: List[Tuple[int, Sequence]]) -> None:
         with self._lock:
             route = self._live_route(iter_id)
             for seq, indices in batches:
                 route.pending[seq] = indices
             with self._io():
-                self._pool.submit(Task(iter_id, epoch, batches))
+                self._pool.submit(Task(iter_id, route.epoch, batches))
 
     def take(self, iter_id: int, wait_s: float) -> Any:
         """The next batch of ``iter_id`` in order, or ``NOT_READY`` after ``wait_s``.
@@ -231,8 +233,10 @@ class Router:
             if route is None:
                 self._pool.discard(r)  # its epoch was closed: free the slot
                 continue
-            route.pending.pop(r.seq, None)
-            self._losses.pop((r.iter_id, r.seq), None)
+            indices = route.pending.pop(r.seq, None)
+            route.deaths.pop(r.seq, None)
+            if isinstance(r.payload, LocalFailure):  # an error made here: it names the indices
+                r = r._replace(payload=r.payload.resolve(indices))
             route.buffer.put(r.seq, r)
             depth = len(route.buffer)
             self._stats.reorder_depth = depth
@@ -254,22 +258,29 @@ class Router:
         otherwise, or when that fails, every open epoch fails with ``WorkerDiedError`` and
         the pool is marked broken, so the next epoch starts a new one. Nothing in here may
         leave a pool short of a worker without saying so."""
-        lost = [(t.iter_id, s, i) for t in death.tasks for s, i in t.batches]
-        for iter_id, seq, _ in lost:
-            self._losses[(iter_id, seq)] = self._losses.get((iter_id, seq), 0) + 1
-        retry = all(self._losses[(g, s)] <= _MAX_RESTARTS_PER_BATCH for g, s, _ in lost)
+        # The batches it owed, from the registry (a closed epoch's are nobody's concern).
+        lost: List[Tuple[int, int, Sequence]] = []
+        for iter_id, seq in death.batches:
+            route = self._routes.get(iter_id)
+            if route is not None and seq in route.pending:
+                route.deaths[seq] = route.deaths.get(seq, 0) + 1
+                lost.append((iter_id, seq, route.pending[seq]))
+        spent = [x for x in lost if self._routes[x[0]].deaths[x[1]] > _MAX_RESTARTS_PER_BATCH]
+        retry = not spent
         if self._on_worker_death == "restart" and retry and self._pool.can_restart:
             try:
                 with self._io():
                     self._pool.restart(death.worker_id)
-                    for task in death.tasks:
-                        if task.iter_id in self._routes:
-                            self._pool.submit(task)
+                    for iter_id, seq, indices in lost:  # one task each: a poison batch alone
+                        self._pool.submit(
+                            Task(iter_id, self._routes[iter_id].epoch, [(seq, indices)])
+                        )
             except BaseException as exc:
                 self._fail_all(exc)  # the pool is short of a worker: rebuild it
                 raise
             return
-        self._fail_all(_death_error(death, lost, retry))
+        # The batch that killed workers too often is the one the error names first.
+        self._fail_all(_death_error(death, spent + [x for x in lost if x not in spent], retry))
 
     def _fail_all(self, error: BaseException) -> None:
         self._break(error)

@@ -217,7 +217,7 @@ def thread_worker_main(
         else:
             where = "its loop, between batches,"
         task = loop.task
-        owed = [Task(task.iter_id, task.epoch, loop.pending)] if loop.pending else []
+        owed = [(task.iter_id, seq) for seq, _ in loop.pending] if task is not None else []
         error = RemoteError.capture(exc, info.id, None, None)
         results.put(WorkerLost(info.id, None, None, owed, error, where))
 

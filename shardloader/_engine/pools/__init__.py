@@ -54,7 +54,9 @@ class Pool(Protocol):
         """Queue ``task`` for a worker; never blocks."""
 
     def poll(self, timeout: float) -> Tuple[List[Result], List[WorkerLost]]:
-        """Wait up to ``timeout`` seconds for results or worker deaths."""
+        """Wait up to ``timeout`` seconds for results or worker deaths. A pool keeps only
+        which batches each worker owes, as ``(iter_id, seq)``: a ``WorkerLost`` names those
+        (the router's registry has their indices)."""
 
     def restart(self, worker_id: int) -> None:
         """Replace a worker that died."""

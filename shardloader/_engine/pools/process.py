@@ -8,6 +8,7 @@ the pool's ``ipc.table.SlotTable`` as they arrive. The shutdown protocol is the 
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import multiprocessing as mp
 import os
@@ -16,9 +17,9 @@ import threading
 import time
 import weakref
 from multiprocessing import connection
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
-from ..._errors import ReadyError, WorkerError
+from ..._errors import WorkerError
 from .. import protocol, timing
 from ..ipc import inherit
 from ..ipc.fds import receive_fd
@@ -36,11 +37,13 @@ _live_pools: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
 
 
 class _ProcWorker:
-    __slots__ = ("id", "key", "process", "conn", "tasks", "failed")
+    __slots__ = ("id", "key", "process", "conn", "owes", "failed")
 
     def __init__(self, worker_id: int, key: int, process, conn) -> None:
         self.id, self.key, self.process, self.conn = worker_id, key, process, conn
-        self.tasks: Dict[Tuple[int, int], Task] = {}  # (iter_id, first seq) -> task
+        # (iter_id, seq) of each batch sent and not yet answered: what it owes if it dies
+        # (the router's registry has the rest: indices, epoch, retries).
+        self.owes: Set[Tuple[int, int]] = set()
         self.failed: Optional[Failed] = None  # it could not start, and said why
 
 
@@ -232,11 +235,11 @@ class ProcessPool:
                 # Every worker died, and each death failed the open epochs already: the
                 # task has nowhere to go, and poll() refuses to wait on nothing.
                 return
-            w = min(self._workers.values(), key=lambda w: (len(w.tasks), w.id))
+            w = min(self._workers.values(), key=lambda w: (len(w.owes), w.id))
             self._table.collect()
             released = self._table.take_releases(w.key)
             resend = self._table.take_resends(w.key)
-            w.tasks[(task.iter_id, task.batches[0][0])] = task
+            w.owes.update((task.iter_id, seq) for seq, _ in task.batches)
             try:
                 w.conn.send_bytes(protocol.encode(Work(task, released, resend)))
             except (OSError, ValueError):
@@ -335,44 +338,36 @@ class ProcessPool:
         worker can import) becomes a ``WorkerError`` for that batch; the results after it in
         the same reply share its pickle memo, so they are dropped with it (the epoch ends
         at the first of them anyway). A batch in a slot of ``unmapped`` fails with a
-        ``SharedMemoryError``."""
+        ``SharedMemoryError``. Those errors name the batch's indices, which the router
+        knows: they travel as ``protocol.LocalFailure``, for it to resolve."""
         load_next = protocol.payload_reader(reply)
-        failed: Optional[WorkerError] = None
+        failed_seq: Optional[int] = None
         for n, head in enumerate(reply.heads):
-            indices = self._finish_task(w, head.iter_id, head.seq)
+            w.owes.discard((head.iter_id, head.seq))
             ok = head.ok
+            payload: Any
             try:
-                if failed is not None:
-                    raise failed
+                if failed_seq is not None:
+                    raise _DroppedWith()
                 payload = load_next()
             except Exception as exc:  # noqa: BLE001 - a class only the worker can import, ...
                 if ok:
                     self._table.discard(w.key, head.slot_id)  # the slot goes back
-                if failed is None:
-                    failed = error = protocol.undecodable(exc, reply, n, w.id, indices)
+                if failed_seq is None:
+                    failed_seq = head.seq
+                    make = functools.partial(protocol.undecodable, exc, reply, n, w.id)
                 else:
-                    error = protocol.dropped_with(head.seq, failed, w.id, indices)
-                payload, ok = ReadyError(error), False
+                    make = functools.partial(protocol.dropped_with, head.seq, failed_seq, w.id)
+                payload, ok = protocol.LocalFailure(make), False
             else:
                 if ok and head.slot_id in unmapped:
-                    error = protocol.slot_error(w.id, head.seq, indices, *unmapped[head.slot_id])
-                    payload, ok = ReadyError(error), False
+                    err, capacity = unmapped[head.slot_id]
+                    make = functools.partial(protocol.slot_error, w.id, head.seq, err, capacity)
+                    payload, ok = protocol.LocalFailure(make), False
                 elif ok:
                     payload = (payload, head.slot_id)
                     self._table.received(w.key, head.slot_id)
             results.append(Result(head.iter_id, head.seq, ok, payload, head.busy_s, w.id, w.key))
-
-    @staticmethod
-    def _finish_task(w: _ProcWorker, iter_id: int, seq: int) -> Optional[Sequence]:
-        """Strike batch ``seq`` from what ``w`` owes; return its indices."""
-        for key, task in list(w.tasks.items()):
-            if key[0] == iter_id and any(s == seq for s, _ in task.batches):
-                remaining = [(s, i) for s, i in task.batches if s != seq]
-                del w.tasks[key]
-                if remaining:
-                    w.tasks[(iter_id, remaining[0][0])] = Task(iter_id, task.epoch, remaining)
-                return next(i for s, i in task.batches if s == seq)
-        return None
 
     def _bury(self, w: _ProcWorker) -> WorkerLost:
         self._workers.pop(w.id, None)
@@ -381,11 +376,11 @@ class ProcessPool:
         exitcode = w.process.exitcode
         self._table.forget_worker(w.key)
         _reap(w)
-        tasks = list(w.tasks.values())
+        owed = sorted(w.owes)
         if w.failed is None:
-            return WorkerLost(w.id, pid, exitcode, tasks)
+            return WorkerLost(w.id, pid, exitcode, owed)
         self._start_failed = True
-        return WorkerLost(w.id, pid, exitcode, tasks, w.failed.error, w.failed.where)
+        return WorkerLost(w.id, pid, exitcode, owed, w.failed.error, w.failed.where)
 
     def materialize(self, result: Result) -> Any:
         skeleton, slot_id = result.payload
@@ -398,6 +393,10 @@ class ProcessPool:
     @property
     def bytes_delivered(self) -> int:
         return self._table.bytes_delivered
+
+
+class _DroppedWith(Exception):
+    """A payload after an undecodable one in the same reply: not read, dropped with it."""
 
 
 _fork_handler_registered = False
