@@ -64,6 +64,7 @@ $(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
+	$(BIN)/mypy
 
 # The whole suite: about 8-12 minutes on 2 cores.
 test: lint

@@ -32,7 +32,7 @@ def _hook_factory(previous):
             return
         previous(unraisable)
 
-    hook.shardloader = True  # type: ignore[attr-defined]
+    hook.shardloader = True
     return hook
 
 

@@ -134,8 +134,8 @@ class Release(NamedTuple):
 STOP = None  # the worker exits
 
 
-def encode(message: Any) -> bytes:
-    """A message to a worker process, as bytes for ``Connection.send_bytes``."""
+def encode(message: Any) -> memoryview:
+    """A message to a worker process, as a buffer for ``Connection.send_bytes``."""
     return reduction.ForkingPickler.dumps(message, pickle.HIGHEST_PROTOCOL)
 
 

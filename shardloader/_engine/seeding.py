@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 import numpy as np
 
@@ -87,17 +87,18 @@ class GlobalRNGState:
     """Saves and restores the global RNG states, so inline seeding leaves the user's alone."""
 
     def __init__(self) -> None:
-        self._py: Optional[object] = None
-        self._np: Optional[tuple] = None
+        # random's state, and numpy's legacy one (its type depends on numpy's version).
+        self._saved: Optional[Tuple[Tuple[Any, ...], Any]] = None
 
     def __enter__(self) -> GlobalRNGState:
-        self._py = random.getstate()
-        self._np = np.random.get_state()
+        self._saved = (random.getstate(), np.random.get_state())
         return self
 
     def __exit__(self, *exc) -> None:
-        random.setstate(self._py)
-        np.random.set_state(self._np)
+        if self._saved is not None:
+            py, state = self._saved
+            random.setstate(py)
+            np.random.set_state(state)
 
 
 def seed_thread_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:

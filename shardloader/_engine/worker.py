@@ -212,13 +212,13 @@ def thread_worker_main(
         _start(info, lambda: seed_thread_worker(info.id, info.seed, entropy), worker_init_fn)
         loop.run()
     except BaseException as exc:  # noqa: BLE001 - a worker thread must not die silently
-        if isinstance(exc, _StartError):
-            where, exc = exc.where, exc.__cause__
-        else:
-            where = "its loop, between batches,"
+        raised: BaseException = exc
+        where = "its loop, between batches,"
+        if isinstance(exc, _StartError) and exc.__cause__ is not None:
+            where, raised = exc.where, exc.__cause__
         task = loop.task
         owed = [(task.iter_id, seq) for seq, _ in loop.pending] if task is not None else []
-        error = RemoteError.capture(exc, info.id, None, None)
+        error = RemoteError.capture(raised, info.id, None, None)
         results.put(WorkerLost(info.id, None, None, owed, error, where))
 
 
@@ -338,7 +338,7 @@ def process_worker_main(setup: ProcessSetup, conn) -> None:
     except _StartError as failed:
         # Said to the main process, which reports it as this worker's end (and does not
         # restart a worker whose start fails); nothing is printed here.
-        error = RemoteError.capture(failed.__cause__, info.id, None, None)
+        error = RemoteError.capture(failed.__cause__ or failed, info.id, None, None)
         try:
             conn.send_bytes(encode(Failed(error, failed.where)))
         except (OSError, ValueError):

@@ -54,7 +54,12 @@ class BufferPool:
         key = id(raw)
         # A plain dict store (atomic under the GIL), as the weakref's callback pops without
         # the lock: it may run on any thread, at any point.
-        self._lent[key] = weakref.ref(raw, lambda _, key=key: self._lent.pop(key, None))
+        lent = self._lent
+
+        def forget(_: object, key: int = key) -> None:
+            lent.pop(key, None)
+
+        self._lent[key] = weakref.ref(raw, forget)
         return raw.view(dtype).reshape(shape)  # its .base is raw: numpy keeps the owner
 
     def give_back(self, array: np.ndarray) -> None:

@@ -108,9 +108,14 @@ def host_view(array) -> Optional[np.ndarray]:
     array.wait_to_read()
     ptr = ctypes.c_void_p()
     check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(ptr)))
+    if ptr.value is None:  # no data pointer: nothing to view
+        return None
     memory = (ctypes.c_uint8 * nbytes).from_address(ptr.value)
-    memory.owner = array  # the view's base keeps the MXNet array alive
-    return np.frombuffer(memory, dtype=dtype).reshape(shape)
+    # The view's base keeps the MXNet array alive. (ctypes arrays take new attributes; the
+    # stubs do not say so.)
+    memory.owner = array  # type: ignore[attr-defined]
+    # numpy's stubs leave out ctypes arrays, which export the buffer protocol.
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)  # type: ignore[call-overload]
 
 
 def reap_some() -> None:
@@ -275,6 +280,8 @@ class _Registry:
     def reap(self, limit: int) -> None:
         """Check up to ``limit`` leases, oldest first; release the posted ones."""
         native = self._native
+        if native is None:
+            return  # no lease was ever made
         released = []
         with self._lock:
             leases = self._leases

@@ -93,7 +93,7 @@ class _Slot:
         # Its pages populated in one call rather than faulted in one by one.
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         self.mm: Optional[mmap.mmap] = mmap.mmap(self.fd, capacity, flags=flags)
-        self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+        self.buf: Optional[np.ndarray] = np.frombuffer(self.mm, dtype=np.uint8)
         self.addr = self.buf.ctypes.data
 
     def carve(self, nbytes: int) -> Optional[int]:
@@ -107,6 +107,8 @@ class _Slot:
     def view(self, offset: int, shape, dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        if self.buf is None:
+            raise ValueError(f"slot {self.id} is closed")
         return self.buf[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def close(self) -> None:
@@ -273,6 +275,8 @@ class SlotRing:
             offset = arr.__array_interface__["data"][0] - slot.addr
             return ArrayRef(offset, shape, dtype.str, kind)
         offset = slot.carve(_nbytes(arr))
+        if offset is None:  # _fits said it would: the ring is out of step with itself
+            raise RuntimeError("internal error: a batch does not fit the slot it was given")
         dst = slot.view(offset, shape, dtype)
         if isinstance(arr, np.ndarray):
             np.copyto(dst, arr)

@@ -20,14 +20,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, List, Tuple
+from typing import Any, List, Protocol, Tuple
 
 from ..protocol import Result, Task, WorkerLost
-
-try:
-    from typing import Protocol
-except ImportError:  # Python 3.7
-    Protocol = object  # type: ignore[assignment,misc]
 
 __all__ = ["Pool", "ProcessPool", "ThreadPool"]
 

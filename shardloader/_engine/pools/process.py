@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from multiprocessing import connection
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..._errors import WorkerError
 from .. import protocol, timing
@@ -145,7 +145,9 @@ class ProcessPool:
             death_signal=death_signal,
             forked_by_parent=method != "forkserver",
         )
-        process = self._ctx.Process(
+        # get_context(str) is typed as the base class, which lacks Process; every real
+        # context (fork, spawn, forkserver) has it.
+        process = self._ctx.Process(  # type: ignore[attr-defined]
             target=process_worker_main,
             args=(setup, child_conn),
             name=f"shardloader-worker-{worker_id}",
@@ -250,7 +252,9 @@ class ProcessPool:
         by_key = {w.key: w for w in self._workers.values()}
         for key in self._table.urgent():
             w = by_key.get(key)
-            released = self._table.take_releases(key) if w is not None else []
+            if w is None:
+                continue  # it died meanwhile: forget_worker dropped its releases
+            released = self._table.take_releases(key)
             if released:
                 resend = self._table.take_resends(key)
                 try:
@@ -342,6 +346,7 @@ class ProcessPool:
         knows: they travel as ``protocol.LocalFailure``, for it to resolve."""
         load_next = protocol.payload_reader(reply)
         failed_seq: Optional[int] = None
+        make: Callable[[Optional[Sequence]], BaseException]  # indices -> the batch's error
         for n, head in enumerate(reply.heads):
             w.owes.discard((head.iter_id, head.seq))
             ok = head.ok
