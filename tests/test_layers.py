@@ -31,6 +31,7 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
         "_engine.lifeline",
         "_engine.interrupts",
         "_engine.gluon_cpp",
+        "_engine.pickling",
     ),
     # shared memory and allocation; what a batch's statistics count
     ("_engine.ipc", "_engine.stats"),

@@ -42,6 +42,7 @@ device         ``pin_memory`` (``PinStage``), ``ctx=`` and per-shard placement
 nest           the one walker over nested batches
 interrupts     Ctrl-C that Python swallowed in a destructor, raised again
 lifeline       a worker process dies with the main process
+pickling       which part of a worker's start-up data does not pickle, for its error
 gluon_cpp      MXNet 2.x's C++ pipeline, for ``try_nopython=True``
 =============  =================================================================================
 

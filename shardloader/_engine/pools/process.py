@@ -20,7 +20,7 @@ from multiprocessing import connection
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..._errors import WorkerError
-from .. import protocol, timing
+from .. import pickling, protocol, timing
 from ..ipc import inherit
 from ..ipc.fds import receive_fd
 from ..ipc.sides import MainSide
@@ -164,29 +164,15 @@ class ProcessPool:
 
     def _unpicklable(self, method: str, exc: Exception) -> TypeError:
         """The error for a worker that could not start because its start-up data does not
-        pickle: which object, and where inside it, when that can be found."""
-        found = protocol.unpicklable_part(
+        pickle (``pickling`` finds which object, and where inside it)."""
+        return pickling.start_error(
+            method,
+            exc,
             [
                 ("dataset", self._dataset),
                 ("batchify_fn", self._batchify_fn),
                 ("worker_init_fn", self._worker_init_fn),
-            ]
-        )
-        if found is None:
-            return TypeError(
-                f"the dataset, batchify_fn or worker_init_fn cannot be pickled to start a "
-                f"worker with start_method={method!r} ({type(exc).__name__}: {exc}). Use "
-                f"start_method='fork' or thread_pool=True, or make the object picklable."
-            )
-        path, part, error = found
-        root = path.split(".", 1)[0].split("[", 1)[0]
-        kind = type(part)
-        where = "it" if path == root else path
-        return TypeError(
-            f"the {root} cannot be pickled to start a worker with start_method={method!r}: "
-            f"{where} is a {kind.__module__}.{kind.__qualname__} ({type(error).__name__}: "
-            f"{error}). Use start_method='fork' or thread_pool=True, or make it picklable "
-            f"(leave {path} out with __getstate__, or create it in worker_init_fn)."
+            ],
         )
 
     def restart(self, worker_id: int) -> None:
