@@ -30,7 +30,7 @@ from ._engine.stats import Stats
 from ._errors import ClosedIteratorError
 from ._pipeline import Pipeline, build_batch_sampler
 from ._validate import check_bool, check_int, check_keywords
-from .recordio import thread_safe
+from .recordio import inline_safe, thread_safe
 from .sampler import Sampler
 
 __all__ = ["ShardedDataLoader", "DataLoader"]
@@ -219,9 +219,11 @@ class ShardedDataLoader(_GluonDataLoader):
         """Put the data path together from the options, the dataset and the batchify
         function (again when a subclass assigns one of Gluon's attributes)."""
         opts, dataset = self._opts, self._given["dataset"]
-        if opts.thread_pool or opts.num_workers == 0:
-            # Gluon's record datasets share one file handle: one per thread instead, for
-            # thread workers and for inline loaders that several threads iterate.
+        # Gluon's record datasets share one file handle: one per thread instead, for thread
+        # workers and for inline loaders that several threads iterate.
+        if opts.num_workers == 0:
+            dataset = inline_safe(dataset)
+        elif opts.thread_pool:
             dataset = thread_safe(dataset)
         cpp = self._set_batchify(self._given["batchify_fn"], *self._cpp_args)
         if self._pipeline is not None:

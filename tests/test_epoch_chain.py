@@ -116,9 +116,25 @@ class _Bytes:
         return [bytes(s) for s in samples]
 
 
+class _Wrapper:
+    """A dataset class shardloader does not know, holding a Gluon record dataset."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+
 @pytest.mark.timeout(120)
-def test_threads_reading_gluon_records_inline_get_their_own_records(numbered_records):
+@pytest.mark.parametrize("wrapped", [False, True], ids=["gluon", "in-an-unknown-class"])
+def test_threads_reading_gluon_records_inline_get_their_own_records(numbered_records, wrapped):
     dataset = RecordFileDataset(numbered_records)
+    if wrapped:  # no per-thread handles for it: its reads take turns instead
+        dataset = _Wrapper(dataset)
     loader = DataLoader(dataset, batch_size=1, batchify_fn=_Bytes())
     wrong = []
 

@@ -89,5 +89,6 @@ def test_every_public_module_and_error_is_reachable_from_the_top_level():
     for name in ("batchify", "sampler", "prefetch", "dataiter", "recordio", "distributed"):
         assert name in shardloader.__all__ and getattr(shardloader, name).__name__.endswith(name)
     errors = [getattr(shardloader, n) for n in shardloader.__all__ if n.endswith("Error")]
-    assert shardloader.RecordIOError in errors and len(errors) == 6
+    assert shardloader.RecordIOError in errors and shardloader.SharedMemoryError in errors
+    assert len(errors) == 7
     assert all(issubclass(e, shardloader.ShardLoaderError) for e in errors)

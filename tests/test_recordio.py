@@ -698,7 +698,8 @@ def test_thread_safe_leaves_other_datasets_alone(raw_file, gluon_files):
     with ShardedDataLoader(gluon, batch_size=10, num_workers=0) as loader:
         assert loader._dataset is gluon
     with ShardedDataLoader(gluon, batch_size=10, num_workers=2, thread_pool=True) as loader:
-        assert loader._dataset is not gluon and type(loader._dataset) is RecordFileDataset
+        assert loader._dataset is gluon  # Gluon's attribute: the user's dataset
+        assert list(loader)[0] == [gluon_files.records[i] for i in range(10)]
 
 
 class Holder(mx.gluon.data.Dataset):
@@ -728,9 +729,10 @@ def test_a_gluon_record_dataset_that_cannot_be_made_safe_is_refused(gluon_files,
         thread_safe(hidden)
     with pytest.raises(TypeError, match="Holder"):
         ShardedDataLoader(hidden, batch_size=4, num_workers=2, thread_pool=True)
-    # With worker processes each has its own handle: nothing to refuse.
+    # Loaded inline, its reads take turns instead (several threads may iterate the loader).
     with ShardedDataLoader(hidden, batch_size=4, num_workers=0) as loader:
         assert loader._dataset is hidden
+        assert len(list(loader)) == -(-len(hidden) // 4)
 
     odd = RecordFileDataset(gluon_files.raw)
     odd._record = object()

@@ -32,7 +32,7 @@ Checks
 
 from .._errors import RecordIOError
 from .reader import ImageRecordDataset, RecordDataset
-from .threads import thread_safe
+from .threads import inline_safe, thread_safe
 from .writer import pack_images, pack_records
 
 __all__ = [
@@ -41,5 +41,6 @@ __all__ = [
     "ImageRecordDataset",
     "pack_records",
     "pack_images",
+    "inline_safe",
     "thread_safe",
 ]

@@ -177,8 +177,9 @@ def thread_safe(dataset: Any) -> Any:
     ``sample``, ``filter``, ``SimpleDataset`` and ``ArrayDataset``, and returns a shallow
     copy of the whole chain in which each of them reads through one handle per thread. Their
     samples are unchanged: Gluon's own ``__getitem__`` runs, on the same bytes.
-    ``ShardedDataLoader`` applies it by itself when ``thread_pool=True`` and
-    ``num_workers > 0``.
+    ``ShardedDataLoader`` applies it by itself for thread workers, and for loaders that load
+    in the calling thread (``num_workers=0``), which several threads may iterate at once
+    (there, through ``inline_safe``).
 
     Anything else, this package's ``RecordDataset`` and ``ImageRecordDataset`` included,
     comes back as the very same object.
@@ -190,3 +191,29 @@ def thread_safe(dataset: Any) -> Any:
         held by a dataset class it does not know. The message names where it is.
     """
     return _safe(dataset, "dataset", {})
+
+
+class _OneReaderAtATime:
+    """A dataset whose reads take turns: each ``__getitem__`` holds one lock."""
+
+    def __init__(self, dataset: Any) -> None:
+        self._dataset = dataset
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._dataset)
+
+    def __getitem__(self, idx: Any) -> Any:
+        with self._lock:
+            return self._dataset[idx]
+
+
+def inline_safe(dataset: Any) -> Any:
+    """``dataset``, made safe for a loader that loads in its callers' threads: per-thread
+    handles where ``thread_safe`` can give them; where it cannot (a Gluon record dataset
+    inside a class it does not know), the same object with its reads taking turns under one
+    lock, so threads iterating one loader at once still get their own records."""
+    try:
+        return thread_safe(dataset)
+    except TypeError:
+        return _OneReaderAtATime(dataset)
