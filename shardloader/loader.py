@@ -36,6 +36,27 @@ from .sampler import Sampler
 __all__ = ["ShardedDataLoader", "DataLoader"]
 
 
+def _fuse_images(dataset: Any, batchify_fn: Optional[Callable], opts: Any):
+    """``(fusion, image_path)``: the fused image path for a Gluon image chain
+    (``shardloader.vision.fuse``, docs/vision.md), or ``None`` and why not. ``vision`` is
+    imported only for a ``transform_first`` chain or a fused dataset, so other datasets
+    cost nothing."""
+    kind = type(dataset)
+    fused = kind.__module__.startswith("shardloader.vision")
+    if kind.__name__ != "_LazyTransformDataset" and not fused:
+        return None, "exact"
+    if opts.try_nopython:
+        return None, "exact: try_nopython=True runs Gluon's C++ pipeline"
+    if not (opts.fuse_transforms or fused):
+        return None, "exact: fuse_transforms=False"
+    from . import vision
+
+    fusion = vision.fuse(dataset, batchify_fn)
+    if fusion.path == "fused":
+        return fusion, "fused"
+    return None, f"exact: {fusion.reason}"
+
+
 class ShardedDataLoader(_GluonDataLoader):
     """Loads mini-batches from a dataset, with Gluon's ``DataLoader`` signature.
 
@@ -124,6 +145,13 @@ class ShardedDataLoader(_GluonDataLoader):
     on_worker_death : {'raise', 'restart'}, default 'raise'
         When a worker process dies: raise ``shardloader.WorkerDiedError``, or start a
         new worker, re-send its lost batches and finish the epoch with nothing lost.
+    fuse_transforms : bool, default True
+        Run a ``dataset.transform_first(Compose([...]))`` chain of Gluon's image transforms
+        over an image dataset on the fused path: the workers decode the JPEGs with
+        libjpeg-turbo, crop, resize and flip them, and normalise once per batch, giving
+        Gluon's batches within one uint8 level (docs/vision.md; needs
+        ``pip install shardloader[vision]``). ``stats()["image_path"]`` says which path ran
+        and why. ``False`` runs the transforms as they are.
 
     Examples
     --------
@@ -166,6 +194,7 @@ class ShardedDataLoader(_GluonDataLoader):
         ctx: Any = None,
         device: Any = None,
         on_worker_death: str = "raise",
+        fuse_transforms: bool = True,
     ) -> None:
         # Every parameter but the dataset, validated in one place (options).
         self._opts = _options.validate(
@@ -194,6 +223,7 @@ class ShardedDataLoader(_GluonDataLoader):
             ctx=ctx,
             on_worker_death=on_worker_death,
             device=device,
+            fuse_transforms=fuse_transforms,
         )
         self._length = _options.check_dataset(dataset)
         self._given = {"dataset": dataset, "batchify_fn": batchify_fn}
@@ -219,6 +249,9 @@ class ShardedDataLoader(_GluonDataLoader):
         """Put the data path together from the options, the dataset and the batchify
         function (again when a subclass assigns one of Gluon's attributes)."""
         opts, dataset = self._opts, self._given["dataset"]
+        fusion, self._stats.image_path = _fuse_images(dataset, self._given["batchify_fn"], opts)
+        if fusion is not None:
+            dataset = fusion.dataset
         # Gluon's record datasets share one file handle: one per thread instead, for thread
         # workers and for inline loaders that several threads iterate.
         if opts.num_workers == 0:
@@ -226,6 +259,8 @@ class ShardedDataLoader(_GluonDataLoader):
         elif opts.thread_pool:
             dataset = thread_safe(dataset)
         cpp = self._set_batchify(self._given["batchify_fn"], *self._cpp_args)
+        if fusion is not None:
+            self._batch_fn = fusion.batchify_fn
         if self._pipeline is not None:
             self._pipeline.close()
         self._pipeline = Pipeline(opts, dataset, self._length, self._batch_fn, self._stats, cpp)
@@ -387,9 +422,10 @@ class ShardedDataLoader(_GluonDataLoader):
         -------
         dict
             The keys ``batches``, ``bytes``, ``wait_s``, ``wall_s``, ``data_stall``,
-            ``first_batch_s``, ``worker_busy_s``, ``reorder_depth``, ``max_reorder_depth`` and
-            ``repeated_samples``; the API reference's table "What stats() returns" says what
-            each one means.
+            ``first_batch_s``, ``worker_busy_s``, ``reorder_depth``, ``max_reorder_depth``,
+            ``repeated_samples`` and ``image_path`` (which path images take: ``'fused'``,
+            ``'exact'`` or ``'exact: <why>'``, docs/vision.md); the API reference's table
+            "What stats() returns" says what each one means.
         """
         return self._stats.snapshot()
 

@@ -87,6 +87,10 @@ CASES = [
     case("resume.py", deadline=90),
     # 11. a training script that ends while MXNet still computes on its last batch
     case("exit_pending.py", "--workers", "process"),
+    # 12. a small CNN trained from a .rec through the fused image path, validated on the exact
+    # path (shardloader.vision)
+    case("vision_train.py", "--workers", "process", deadline=90),
+    case("vision_train.py", "--workers", "thread", deadline=90),
 ]
 
 

@@ -26,6 +26,9 @@ pytestmark = [
     pytest.mark.skipif(not vision.available(), reason="needs shardloader[vision]"),
 ]
 
+# Gluon's transforms as they are: the loader would fuse them by itself.
+EXACT = dict(fuse_transforms=False)
+
 W5_CHAIN = lambda: T.Compose(  # noqa: E731 - one shared chain, built fresh per test
     [T.RandomResizedCrop(64), T.RandomFlipLeftRight(), T.ToTensor(), T.Normalize(MEAN, STD)]
 )
@@ -256,7 +259,7 @@ def test_png_and_cmyk_take_mxnets_decoder_and_match_the_exact_path(tmp_path):
     chain = T.Compose([T.CenterCrop(64), T.ToTensor(), T.Normalize(MEAN, STD)])
     dataset = ImageRecordDataset(rec).transform_first(chain)
     fusion = vision.fuse(dataset)
-    exact = batches(ShardedDataLoader(dataset, 3))
+    exact = batches(ShardedDataLoader(dataset, 3, **EXACT))
     fused = batches(ShardedDataLoader(fusion.dataset, 3, batchify_fn=fusion.batchify_fn))
     scale = np.asarray(STD).reshape(1, 3, 1, 1)
     assert (np.abs(exact[0][0] - fused[0][0]) * scale).max() <= 1 / 255 + 1e-6
@@ -270,12 +273,15 @@ def test_corrupt_bytes_raise_the_exact_paths_error_naming_the_record(tmp_path, b
     fusion = vision.fuse(dataset)
     messages = []
     for data, fn in ((dataset, None), (fusion.dataset, fusion.batchify_fn)):
-        with ShardedDataLoader(data, 3, batchify_fn=fn, **BACKENDS[backend]) as loader:
+        with ShardedDataLoader(data, 3, batchify_fn=fn, **EXACT, **BACKENDS[backend]) as loader:
             with pytest.raises(Exception) as info:
                 next(iter(loader))
             messages.append(str(info.value))
             # the worker did not crash: the loader still serves the good records
-            assert len(batches(ShardedDataLoader(data, 1, batchify_fn=fn, sampler=[0, 2]))) == 2
+            assert (
+                len(batches(ShardedDataLoader(data, 1, batchify_fn=fn, sampler=[0, 2], **EXACT)))
+                == 2
+            )
     assert "record 1 (key 1" in messages[1] and "not a decodable image" in messages[1]
     assert "RecordIOError" in messages[1] or backend == "inline"
     assert messages[1].split("record 1")[1][:40] == messages[0].split("record 1")[1][:40]
@@ -288,7 +294,7 @@ def test_a_damaged_scan_that_mxnet_still_decodes_matches_the_exact_path(tmp_path
     chain = T.Compose([T.CenterCrop(64), T.ToTensor()])
     dataset = ImageRecordDataset(rec).transform_first(chain)
     fusion = vision.fuse(dataset)
-    exact = batches(ShardedDataLoader(dataset, 1))
+    exact = batches(ShardedDataLoader(dataset, 1, **EXACT))
     fused = batches(ShardedDataLoader(fusion.dataset, 1, batchify_fn=fusion.batchify_fn))
     assert np.abs(exact[0][0] - fused[0][0]).max() <= 1 / 255 + 1e-6
 
@@ -311,7 +317,7 @@ def test_image_folder_dataset_is_fused_and_matches(tmp_path):
     )
     fusion = vision.fuse(dataset)
     assert fusion.path == "fused"
-    exact = batches(ShardedDataLoader(dataset, 3))
+    exact = batches(ShardedDataLoader(dataset, 3, **EXACT))
     fused = batches(ShardedDataLoader(fusion.dataset, 3, batchify_fn=fusion.batchify_fn))
     for a, b in zip(exact, fused):
         assert np.abs(a[0] - b[0]).max() <= 1 / 255 + 1e-6
@@ -328,7 +334,7 @@ def test_image_list_dataset_is_fused_and_matches(tmp_path):
     dataset = base.transform_first(T.Compose([T.Resize((48, 40)), T.ToTensor()]))
     fusion = vision.fuse(dataset)
     assert fusion.path == "fused", fusion.reason
-    exact = batches(ShardedDataLoader(dataset, 3))
+    exact = batches(ShardedDataLoader(dataset, 3, **EXACT))
     fused = batches(ShardedDataLoader(fusion.dataset, 3, batchify_fn=fusion.batchify_fn))
     for a, b in zip(exact, fused):
         assert np.abs(a[0] - b[0]).max() <= 1 / 255 + 1e-6
@@ -456,7 +462,7 @@ def test_nested_transform_first_and_a_final_cast_are_fused(rec):
     dataset = inner.transform_first(T.Compose([T.ToTensor(), T.Cast("float16")]))
     fusion = vision.fuse(dataset)
     assert fusion.path == "fused", fusion.reason
-    exact = batches(ShardedDataLoader(dataset, 4))
+    exact = batches(ShardedDataLoader(dataset, 4, **EXACT))
     fused = batches(ShardedDataLoader(fusion.dataset, 4, batchify_fn=fusion.batchify_fn))
     for a, b in zip(exact, fused):
         assert a[0].dtype == b[0].dtype == np.float16 and a[0].shape == b[0].shape
@@ -583,3 +589,53 @@ def test_a_sequential_subclass_with_its_own_forward_stays_exact(rec):
     chain.add(T.Resize(16))
     fusion = vision.fuse(ImageRecordDataset(rec).transform_first(chain))
     assert (fusion.path, fusion.reason) == ("exact", "transform _Doubled is not fused")
+
+
+# -- the loader ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["inline", "thread", "process"])
+def test_the_loader_fuses_a_gluon_chain_by_itself(rec, backend):
+    dataset = ImageRecordDataset(rec).transform_first(
+        T.Compose([T.Resize((48, 40)), T.ToTensor(), T.Normalize(MEAN, STD)])
+    )
+    fused = ShardedDataLoader(dataset, 4, seed=1, **BACKENDS[backend])
+    exact = ShardedDataLoader(dataset, 4, seed=1, fuse_transforms=False, **BACKENDS[backend])
+    assert fused.stats()["image_path"] == "fused"
+    assert exact.stats()["image_path"] == "exact: fuse_transforms=False"
+    scale = np.asarray(STD).reshape(1, 3, 1, 1)
+    for a, b in zip(batches(fused), batches(exact)):
+        assert (np.abs(a[0] - b[0]) * scale).max() <= 1 / 255 + 1e-6
+        np.testing.assert_array_equal(a[1], b[1])
+    assert fused._dataset is dataset  # Gluon's attribute is still the user's dataset
+
+
+def test_stats_say_why_a_chain_is_not_fused_and_other_datasets_are_exact(rec):
+    chain = T.Compose([T.Resize(16), T.RandomRotation((-5, 5)), T.ToTensor()])
+    with ShardedDataLoader(ImageRecordDataset(rec).transform_first(chain), 4) as loader:
+        assert loader.stats()["image_path"] == "exact: transform RandomRotation is not fused"
+        loader.reset_stats()
+        assert loader.stats()["image_path"].startswith("exact: transform RandomRotation")
+    with ShardedDataLoader(np.arange(8, dtype=np.float32), 4) as loader:
+        assert loader.stats()["image_path"] == "exact"
+    with vision.ImageRecordLoader(rec, data_shape=(3, 8, 8), batch_size=4) as loader:
+        assert loader.stats()["image_path"] == "fused"
+
+
+def test_fuse_transforms_must_be_a_bool(rec):
+    with pytest.raises(TypeError) as info:
+        ShardedDataLoader(np.arange(4), 2, fuse_transforms="yes")
+    assert "fuse_transforms" in str(info.value) and "'yes'" in str(info.value)
+
+
+def test_a_custom_batchify_keeps_the_exact_path(rec):
+    dataset = ImageRecordDataset(rec).transform_first(T.Compose([T.Resize(16), T.ToTensor()]))
+
+    def stack(samples):
+        return np.stack([s[0].asnumpy() for s in samples]), [s[1] for s in samples]
+
+    with ShardedDataLoader(dataset, 4, batchify_fn=stack) as loader:
+        why = "exact: a custom batchify_fn (stack) expects the transformed samples"
+        assert loader.stats()["image_path"] == why
+        data, _ = next(iter(loader))
+        assert data.shape == (4, 3, 16, 16)

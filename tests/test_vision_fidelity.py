@@ -91,7 +91,7 @@ def exact_and_fused(dataset, batch_size=None, **loader_kwargs):
     fusion = vision.fuse(dataset, scaled_decode=False)
     assert fusion.path == "fused", fusion.reason
     batch_size = batch_size or len(dataset)
-    exact = ShardedDataLoader(dataset, batch_size, **loader_kwargs)
+    exact = ShardedDataLoader(dataset, batch_size, fuse_transforms=False, **loader_kwargs)
     fused = ShardedDataLoader(
         fusion.dataset, batch_size, batchify_fn=fusion.batchify_fn, **loader_kwargs
     )

@@ -48,6 +48,8 @@ class LoaderOptions:
     # messages; and try_nopython, which only MXNet 2.x accepts as True.
     ctx_name: str = "ctx"
     try_nopython: Optional[bool] = None
+    # Run Gluon image chains on the fused path (shardloader.vision, docs/vision.md).
+    fuse_transforms: bool = True
 
 
 def check_dataset(dataset: Any) -> int:
@@ -91,6 +93,7 @@ def validate(
     ctx: Any,
     on_worker_death: Any,
     device: Any,
+    fuse_transforms: Any = True,
 ) -> LoaderOptions:
     """Check every argument of ``shardloader.ShardedDataLoader`` but the dataset; the
     options, in canonical types. ``sampler``, ``batch_sampler`` and ``batchify_fn`` are
@@ -106,6 +109,7 @@ def validate(
         thread_pool=check_bool("thread_pool", thread_pool),
         auto_reload=check_bool("auto_reload", auto_reload),
         even_size=check_bool("even_size", even_size),
+        fuse_transforms=check_bool("fuse_transforms", fuse_transforms),
         seed=seed,
         mxnet_seed=mxnet_seed,
         num_shards=num_shards,

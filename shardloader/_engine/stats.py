@@ -18,6 +18,9 @@ class Stats:
     a few attribute writes per batch."""
 
     def __init__(self) -> None:
+        # Which path images take ('fused', 'exact' or 'exact: <why>'), set when the loader
+        # puts its data path together; not a counter, so reset() keeps it.
+        self.image_path = "exact"
         self.reset()
 
     def reset(self) -> None:
@@ -47,6 +50,7 @@ class Stats:
             "reorder_depth": self.reorder_depth,
             "max_reorder_depth": self.max_reorder_depth,
             "repeated_samples": self.repeated_samples,
+            "image_path": self.image_path,
         }
 
 
