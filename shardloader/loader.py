@@ -49,9 +49,9 @@ def _fuse_images(dataset: Any, batchify_fn: Optional[Callable], opts: Any):
         return None, "exact: try_nopython=True runs Gluon's C++ pipeline"
     if not (opts.fuse_transforms or fused):
         return None, "exact: fuse_transforms=False"
-    from . import vision
+    from .vision.recognise import fuse  # below the loader (tests/test_layers.py)
 
-    fusion = vision.fuse(dataset, batchify_fn)
+    fusion = fuse(dataset, batchify_fn)
     if fusion.path == "fused":
         return fusion, "fused"
     return None, f"exact: {fusion.reason}"
