@@ -145,8 +145,8 @@ def summarise(cells: Sequence[Cell], runs: Sequence[Dict[str, Any]]) -> Dict[str
 
 
 def _image_path(results: Sequence[Dict[str, Any]]) -> Optional[str]:
-    """Which image path shardloader's runs took (``stats()["image_path"]``: "fused", or
-    "exact: <reason>"); the paths joined by " / " if the runs disagree."""
+    """Which image path shardloader's runs took (``stats()["image_path"]``: "fused", "exact"
+    or "exact: <why>"); the paths joined by " / " if the runs disagree."""
     paths = []
     for res in results:
         path = (res.get("loader_stats") or {}).get("image_path")
