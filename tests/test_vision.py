@@ -639,3 +639,17 @@ def test_a_custom_batchify_keeps_the_exact_path(rec):
         assert loader.stats()["image_path"] == why
         data, _ = next(iter(loader))
         assert data.shape == (4, 3, 16, 16)
+
+
+class _Relabelled(ImageRecordDataset):
+    """A subclass whose __getitem__ is its own: the fused path must not bypass it."""
+
+    def __getitem__(self, idx):
+        image, label = super().__getitem__(idx)
+        return image, label + 100
+
+
+def test_a_subclassed_image_dataset_stays_exact(rec):
+    dataset = _Relabelled(rec).transform_first(T.ToTensor())
+    fusion = vision.fuse(dataset)
+    assert fusion.path == "exact" and "_Relabelled" in fusion.reason

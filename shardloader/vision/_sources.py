@@ -140,7 +140,8 @@ def source_of(dataset: Any) -> Tuple[Optional[_Source], str]:
     from mxnet.gluon.data import vision
 
     name = type(dataset).__name__
-    if isinstance(dataset, ImageRecordDataset):
+    # Exact types throughout: a subclass may decode or label differently in __getitem__.
+    if type(dataset) is ImageRecordDataset:
         if getattr(dataset, "_transform", None) is not None:
             return None, f"the {name} has a transform= of its own"
         return _ShardRecords(dataset, dataset._flag), ""
