@@ -14,7 +14,7 @@ import io
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import MX2, requires_mx1
+from conftest import requires_mx1
 from mxnet.gluon.data.vision import transforms as T
 
 from shardloader import ShardedDataLoader, vision
@@ -158,7 +158,6 @@ def test_a_large_jpeg_matches(tmp_path):
     assert_within_a_level(exact, fused)
 
 
-@pytest.mark.skipif(MX2, reason="2.x has no CropResize with a box in transforms")
 def test_a_fixed_crop_box_matches(tmp_path):
     rec = write_rec(tmp_path, [pil_jpeg(smooth_image(200, 240, s)) for s in range(4)])
     chain = T.Compose(
