@@ -65,7 +65,7 @@ def plot(summary: Dict[str, Any], runs: Sequence[Dict[str, Any]], path: str) -> 
         low, high = ax.get_ylim()
         ax.set_ylim(low, high * 1.6)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="center right")
+        ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
