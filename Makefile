@@ -86,8 +86,10 @@ test-mx2: $(STAMP2)
 test-mx2-smoke: $(STAMP2)
 	$(BIN2)/python -m pytest -q -p no:cacheprovider -m mx2_smoke $(ARGS)
 
+# The demo trains through the fused image path, then again with Gluon's DataLoader, and
+# prints the two speeds side by side (--gluon).
 demo: $(DEMO_STAMP)
-	$(BIN)/python -m shardloader demo
+	$(BIN)/python -m shardloader demo --gluon
 
 # The benchmarks (docs/benchmarks.md), ~10 minutes: ARGS=--publish rewrites the docs' tables,
 # ARGS="--quick --workloads W5" a smoke run. bench-mx2 runs them under MXNet 2.0.0b1, against

@@ -55,8 +55,10 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
         "vision.recognise",
     ),
     ("loader",),
-    # the applications
-    ("vision", "vision.record_loader", "distributed", "tools"),
+    # the applications: the fused image path's front and distributed training, then the
+    # command line (whose demo trains through the fused path)
+    ("vision", "vision.record_loader", "distributed"),
+    ("tools",),
     # the package's front: what ``import shardloader`` and ``python -m shardloader`` run
     ("__init__", "__main__"),
 )

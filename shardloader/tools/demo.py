@@ -18,8 +18,8 @@ from functools import partial
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import mxnet as mx
-import numpy as np
 from mxnet import autograd, gluon
+from mxnet.gluon.data.vision import transforms
 from tqdm import tqdm
 
 from .. import ShardedDataLoader
@@ -31,40 +31,12 @@ from .demo_state import Checkpoint, UnsafeFolder
 __all__ = ["run"]
 
 NUM_SHARDS = 2
-# Largest shift of the random crop, in pixels.
-_MAX_SHIFT = 3
 _MEAN, _STD = 0.4, 0.25
 # Progress bars' size where the terminal reports none (a pipe, or a pty that says 0 x 0).
 _FALLBACK_COLUMNS, _FALLBACK_ROWS = 100, 24
 # Data stall (share of the training time spent waiting for a batch) judged good below the
 # first bound, poor above the second.
 _GOOD_STALL, _POOR_STALL = 0.05, 0.20
-
-
-class Augment:
-    """The dataset transform, run in the workers: HWC uint8 ``NDArray`` in, normalised CHW
-    ``float32`` numpy out, with a random flip, shift and brightness when ``train``.
-
-    It draws from ``numpy.random``, which the loader seeds per sample when given ``seed=``.
-    A module-level class, so the dataset also pickles for ``spawn`` workers.
-    """
-
-    def __init__(self, train: bool) -> None:
-        self.train = train
-
-    def __call__(self, image: mx.nd.NDArray, label: Any) -> Any:
-        pixels = image.asnumpy().astype(np.float32)
-        if self.train:
-            if np.random.random_sample() < 0.5:
-                pixels = pixels[:, ::-1]
-            dy, dx = np.random.randint(-_MAX_SHIFT, _MAX_SHIFT + 1, size=2)
-            pad = ((_MAX_SHIFT, _MAX_SHIFT), (_MAX_SHIFT, _MAX_SHIFT), (0, 0))
-            padded = np.pad(pixels, pad, mode="edge")
-            top, left = _MAX_SHIFT + dy, _MAX_SHIFT + dx
-            pixels = padded[top : top + IMAGE_SIZE, left : left + IMAGE_SIZE]
-            pixels = pixels * np.random.uniform(0.75, 1.25)
-        chw = (pixels.transpose(2, 0, 1) / 255.0 - _MEAN) / _STD
-        return chw.astype(np.float32), np.float32(label)
 
 
 def build_net(num_classes: int, ctx: List[DeviceType], seed: int) -> gluon.nn.HybridSequential:
@@ -106,9 +78,24 @@ def _make_trainer(net: gluon.Block) -> gluon.Trainer:
 
 
 def make_dataset(path: str, train: bool) -> Any:
-    """The demo's dataset over the RecordIO file ``path``, with its transform (``Augment``):
-    the one place both loaders get their samples from."""
-    return ImageRecordDataset(path, transform=Augment(train))
+    """The demo's dataset over the RecordIO file ``path``, written as a Gluon user writes it,
+    with Gluon's own transforms: the one place both loaders get their samples from.
+
+    ShardedDataLoader recognises the chain and runs it on its fused image path (decode,
+    crop, flip and brightness in the workers, then ToTensor and Normalize once per batch;
+    docs/vision.md), where the ``vision`` extra is installed; Gluon's loader runs the
+    transforms one by one. Their random draws come from ``random`` and ``numpy.random``
+    (and MXNet's), which the loader seeds per sample when given ``seed=``.
+    """
+    steps = [transforms.ToTensor(), transforms.Normalize(_MEAN, _STD)]
+    if train:
+        steps = [
+            transforms.RandomResizedCrop(IMAGE_SIZE, scale=(0.7, 1.0)),
+            transforms.RandomFlipLeftRight(),
+            transforms.RandomBrightness(0.25),
+            *steps,
+        ]
+    return ImageRecordDataset(path).transform_first(transforms.Compose(steps))
 
 
 def _shard_loader(
@@ -246,7 +233,18 @@ def _format_stats(stats: Dict[str, Any]) -> List[str]:
         f"  worker busy:     {busy or 'none (num_workers=0)'}",
         f"  kept in order:   at most {stats['max_reorder_depth']} finished batches waited "
         f"for an earlier, slower one",
+        f"  images:          {_image_path(stats.get('image_path', 'exact'))}",
     ]
+
+
+def _image_path(path: str) -> str:
+    """``stats()['image_path']`` in words."""
+    if path == "fused":
+        return (
+            "fused: JPEG decode, crop, flip and brightness in the workers, ToTensor and "
+            "Normalize once per batch (docs/vision.md)"
+        )
+    return f"{path} (Gluon's transforms one by one; docs/vision.md says when images fuse)"
 
 
 def stall_advice(stall: float, num_workers: int, cores: Optional[int] = None) -> str:

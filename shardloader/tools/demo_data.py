@@ -27,7 +27,7 @@ IMAGE_SIZE = 32
 # The pixels depend on this seed only, not on the training --seed, so one cache serves all runs.
 DATA_SEED = 20240607
 # Bump when the drawing or the file layout changes: old caches are then rebuilt.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 _SPLITS = ("train", "test")
 
@@ -113,9 +113,19 @@ def generate_shapes(
     return images, labels
 
 
+def image_format() -> str:
+    """How the demo encodes its images: JPEG, which the fused image path decodes in the
+    workers (``shardloader.vision``), where the ``vision`` extra is installed; else PNG,
+    which MXNet decodes without it."""
+    from ..vision import available
+
+    return ".jpg" if available() else ".png"
+
+
 def _expected(train_size: int, test_size: int) -> Dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
+        "image_format": image_format(),
         "data_seed": DATA_SEED,
         "image_size": IMAGE_SIZE,
         "classes": list(CLASSES),
@@ -184,7 +194,9 @@ def prepare(
     # Distinct seeds per split, so the held-out images are not copies of training ones.
     for offset, split in enumerate(_SPLITS):
         images, labels = generate_shapes(expected["sizes"][split], seed=DATA_SEED + offset)
-        rec, idx = pack_images(data[split], images, labels, progress=progress)
+        rec, idx = pack_images(
+            data[split], images, labels, img_fmt=expected["image_format"], progress=progress
+        )
         for path in (rec, idx):
             file_bytes[os.path.basename(path)] = os.path.getsize(path)
     # An unpredictable name, created exclusively: a link planted in the folder is not followed.
