@@ -192,6 +192,7 @@ def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
     assert_clean(proc)
     text = _prose(proc.stdout)
     assert "RandomResizedCrop(32), RandomFlipLeftRight, ToTensor, Normalize" in text
+    assert "images: fused (stats()['image_path']" in text  # the path the images took
     assert "shuffled" in text
     assert sorted((r[0], r[1]) for r in ROW.findall(proc.stdout)) == [
         ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),

@@ -108,6 +108,16 @@ def _report(rows: List[Dict], conditions: Conditions, args: argparse.Namespace, 
         )
 
 
+def image_path(dataset: Any, batchify_fn: Any) -> str:
+    """Which path shardloader runs ``dataset``'s images on (``stats()['image_path']``): a
+    loader built here, inline, which loads nothing."""
+    from ..loader import ShardedDataLoader
+
+    kwargs = {} if batchify_fn is None else {"batchify_fn": batchify_fn}
+    with ShardedDataLoader(dataset, batch_size=1, **kwargs) as loader:
+        return loader.stats()["image_path"]
+
+
 def _workers(args: argparse.Namespace) -> None:
     """Fill in the default worker counts for this machine, or note counts beyond it."""
     cores = usable_cores()
@@ -154,6 +164,9 @@ def run(args: argparse.Namespace) -> int:
         f"{step}; num_workers {','.join(map(str, args.workers))}, {args.rounds} round"
         f"{'s' if args.rounds != 1 else ''}, each run in a fresh process"
     )
+    path = image_path(dataset, batchify_fn)
+    if path != "exact":  # only where images are concerned: fused, or why not
+        _say(f"images: {path} (stats()['image_path']; docs/vision.md)")
     total = planned_batches(len(dataset), args, batches)
     measured: Dict[str, Any] = measure_all(
         factories(dataset, batchify_fn, args), args, batches, total
