@@ -91,7 +91,7 @@ test-mx2-smoke: $(STAMP2)
 demo: $(DEMO_STAMP)
 	$(BIN)/python -m shardloader demo --gluon
 
-# The benchmarks (docs/benchmarks.md), ~10 minutes: ARGS=--publish rewrites the docs' tables,
+# The benchmarks (docs/benchmarks.md), about 11 minutes: ARGS=--publish rewrites the docs' tables,
 # ARGS="--quick --workloads W5" a smoke run. bench-mx2 runs them under MXNet 2.0.0b1, against
 # its own DataLoader, with and without try_nopython=True; its table is a section of its own.
 $(BENCH_STAMP): $(BIN)/python pyproject.toml constraints.txt
