@@ -200,3 +200,26 @@ def test_uint8_output_normalised_on_the_device_matches_float32(tmp_path):
     on_device = vision.normalize(pixels, MEAN, STD)
     assert on_device.dtype == np.float32
     np.testing.assert_allclose(on_device.asnumpy(), floats.asnumpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("shards", [0, 2])
+def test_output_device_normalises_after_placement(tmp_path, shards):
+    rec = write_rec(tmp_path, [pil_jpeg(smooth_image(200, 240, s)) for s in range(8)])
+    ctx = [mx.cpu(1), mx.cpu(2)] if shards else mx.cpu(1)
+    common = dict(
+        data_shape=(3, 96, 96), batch_size=4, mean_r=120, mean_g=110, mean_b=100, std_r=60,
+        std_g=55, std_b=50, num_shards=shards,
+    )  # fmt: skip
+    with vision.ImageRecordLoader(rec, **common) as loader:
+        floats = next(iter(loader))
+    with vision.ImageRecordLoader(rec, output="device", ctx=ctx, **common) as loader:
+        it = iter(loader)
+        placed = next(it)
+        assert it.epoch == 0 and loader.state_dict()["consumed"] == 1
+    if not shards:
+        floats, placed = [floats], [placed]
+    for i, (want, got) in enumerate(zip(floats, placed)):
+        data = got[0]
+        assert data.dtype == np.float32 and data.context == (ctx[i] if shards else ctx)
+        np.testing.assert_allclose(data.asnumpy(), want[0].asnumpy(), rtol=0, atol=1e-4)
+        assert np.array_equal(got[1].asnumpy(), want[1].asnumpy())
