@@ -219,21 +219,9 @@ class RecordIterLoader:
         import mxnet as mx
 
         self._iter = mx.io.ImageRecordIter(
-            path_imgrec=rec_path,
-            path_imgidx=os.path.splitext(rec_path)[0] + ".idx",
-            data_shape=(3, JPEG_CROP, JPEG_CROP),
-            batch_size=batch_size,
-            shuffle=True,
+            **_record_iter_args(rec_path, batch_size),
             random_resized_crop=True,
-            rand_mirror=True,
-            mean_r=MEAN[0] * 255,
-            mean_g=MEAN[1] * 255,
-            mean_b=MEAN[2] * 255,
-            std_r=STD[0] * 255,
-            std_g=STD[1] * 255,
-            std_b=STD[2] * 255,
             preprocess_threads=threads,
-            seed=0,
         )
         self._epochs = 0
 
@@ -263,23 +251,31 @@ def vision_loader(
     from shardloader.vision import ImageRecordLoader
 
     return ImageRecordLoader(
+        **_record_iter_args(rec_path, batch_size),
+        **_CROP_ARGS,
+        preprocess_threads=num_workers,
+        output=output,
+        thread_pool=thread_pool,
+    )
+
+
+def _record_iter_args(rec_path: str, batch_size: int) -> Dict[str, Any]:
+    """The arguments ``ImageRecordIter`` and ``ImageRecordLoader`` share on W5: the records,
+    the crop's shape, shuffling, mirroring, and ImageNet's mean and std in pixel units."""
+    return dict(
         path_imgrec=rec_path,
         path_imgidx=os.path.splitext(rec_path)[0] + ".idx",
         data_shape=(3, JPEG_CROP, JPEG_CROP),
         batch_size=batch_size,
         shuffle=True,
         rand_mirror=True,
-        **_CROP_ARGS,
         mean_r=MEAN[0] * 255,
         mean_g=MEAN[1] * 255,
         mean_b=MEAN[2] * 255,
         std_r=STD[0] * 255,
         std_g=STD[1] * 255,
         std_b=STD[2] * 255,
-        preprocess_threads=num_workers,
         seed=0,
-        output=output,
-        thread_pool=thread_pool,
     )
 
 
