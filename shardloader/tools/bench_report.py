@@ -92,7 +92,11 @@ def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Advice:
     """
     ours = [r for r in rows if r["loader"] == "shardloader" and "error" not in r]
     best = max(ours, key=lambda r: r["samples_per_s"])
-    noisy = [r for r in ours if r.get("rounds", 1) > 1 and spread(r) > _NOISY_SPREAD]
+    # Noise matters only where it could change the choice: a setting whose best round is
+    # still clearly below the best setting's worst one cannot be picked, however it varies.
+    floor = (1 - _WITHIN_BEST) * best.get("rate_min", best["samples_per_s"])
+    contenders = [r for r in ours if r.get("rate_max", r["samples_per_s"]) >= floor]
+    noisy = [r for r in contenders if r.get("rounds", 1) > 1 and spread(r) > _NOISY_SPREAD]
     if noisy:
         worst = max(noisy, key=spread)
         return Advice(
