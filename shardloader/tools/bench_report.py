@@ -97,7 +97,7 @@ def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Advice:
     floor = (1 - _WITHIN_BEST) * best.get("rate_min", best["samples_per_s"])
     contenders = [r for r in ours if r.get("rate_max", r["samples_per_s"]) >= floor]
     noisy = [r for r in contenders if r.get("rounds", 1) > 1 and spread(r) > _NOISY_SPREAD]
-    if noisy:
+    if noisy and len(contenders) > 1:  # a lone contender is the pick, however it varies
         worst = max(noisy, key=spread)
         return Advice(
             None,
