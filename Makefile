@@ -66,7 +66,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check $(SRC)
 	$(BIN)/mypy
 
-# The whole suite: about 8-12 minutes on 2 cores.
+# The whole suite: about 13 minutes on 2 cores (1,576 tests; 16.5 minutes for .ci/run in a fresh clone).
 test: lint
 	$(BIN)/python -m pytest -q
 
