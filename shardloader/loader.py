@@ -472,16 +472,14 @@ class ShardedDataLoader(_GluonDataLoader):
         self._given.update(given)
         self._build()
 
-    _num_workers = property(
-        lambda self: self._opts.num_workers,
-        lambda self, v: self._reconfigure(
-            "_num_workers",
-            num_workers=check_int("_num_workers", v),
-            prefetch=2 * check_int("_num_workers", v)
-            if self._opts.prefetch == 2 * self._opts.num_workers
-            else self._opts.prefetch,
-        ),
-    )
+    def _set_num_workers(self, value: Any) -> None:
+        workers, opts = check_int("_num_workers", value), self._opts
+        # A default prefetch (2 * num_workers) follows the new count, as it would in Gluon.
+        default = opts.prefetch == 2 * opts.num_workers
+        prefetch = 2 * workers if default else opts.prefetch
+        self._reconfigure("_num_workers", num_workers=workers, prefetch=prefetch)
+
+    _num_workers = property(lambda self: self._opts.num_workers, _set_num_workers)
     _pin_memory = property(
         lambda self: self._opts.pin_memory,
         lambda self, v: self._reconfigure("_pin_memory", pin_memory=check_bool("_pin_memory", v)),

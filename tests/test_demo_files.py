@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import ARRAYS
 from mxnet import gluon
+from test_demo_state import FakeLoader  # the checkpoint's view of a loader
 
 from shardloader.tools import cli
 from shardloader.tools.demo import stall_advice
@@ -35,20 +36,6 @@ pytestmark = pytest.mark.timeout(60)
 
 CONFIG = {"seed": 0, "batch_size": 4}
 TINY = ["--train-size", "400", "--test-size", "100"]
-
-
-class Position:
-    """A loader as the checkpoint sees it: its position, and where a resume puts it."""
-
-    def __init__(self, epoch: int = 0, consumed: int = 0) -> None:
-        self.position = {"epoch": epoch, "consumed": consumed}
-        self.loaded = None
-
-    def state_dict(self):
-        return dict(self.position)
-
-    def load_state_dict(self, state):
-        self.loaded = state
 
 
 def real_model():
@@ -89,11 +76,11 @@ def test_checkpoint_files_are_not_written_through_a_planted_link(tmp_path, victi
     folder.mkdir(mode=0o700)
     os.symlink(victim, folder / planted)  # the name the save is about to use
     net, trainer = real_model()
-    Checkpoint(str(folder), CONFIG).save(net, trainer, Position(0, 1))
+    Checkpoint(str(folder), CONFIG).save(net, trainer, FakeLoader(0, 1))
     assert victim.read_bytes() == b"precious"
     assert not (folder / planted).is_symlink()
     restored, restored_trainer = real_model()
-    loader = Position()
+    loader = FakeLoader()
     state = Checkpoint(str(folder), CONFIG).load(restored, restored_trainer, loader, mx.cpu())
     assert state["loader"] == loader.loaded == {"epoch": 0, "consumed": 1}
     assert np.array_equal(restored.weight.data().asnumpy(), net.weight.data().asnumpy())
@@ -112,13 +99,13 @@ class _Payload:
 def test_resume_never_unpickles_a_planted_trainer_state(tmp_path):
     folder = tmp_path / "ckpt"
     net, trainer = real_model()
-    Checkpoint(str(folder), CONFIG).save(net, trainer, Position(0, 1))
+    Checkpoint(str(folder), CONFIG).save(net, trainer, FakeLoader(0, 1))
     states = next(folder.glob("trainer-*.states"))
     marker = tmp_path / "the attacker's code ran"
     states.write_bytes(pickle.dumps(_Payload(str(marker))))
 
     with pytest.raises(CheckpointCorrupt, match="not the file the demo wrote there") as error:
-        Checkpoint(str(folder), CONFIG).load(*real_model(), Position(), mx.cpu())
+        Checkpoint(str(folder), CONFIG).load(*real_model(), FakeLoader(), mx.cpu())
     assert str(states) in str(error.value) and f"delete {folder}" in str(error.value)
     assert not marker.exists()
 
@@ -126,16 +113,16 @@ def test_resume_never_unpickles_a_planted_trainer_state(tmp_path):
 def test_a_checkpoint_without_checksums_is_not_loaded(tmp_path):
     folder = tmp_path / "ckpt"
     net, trainer = real_model()
-    Checkpoint(str(folder), CONFIG).save(net, trainer, Position(0, 1))
+    Checkpoint(str(folder), CONFIG).save(net, trainer, FakeLoader(0, 1))
     state = json.loads((folder / "state.json").read_text())
     del state["sha256"]
     (folder / "state.json").write_text(json.dumps(state))
     with pytest.raises(CheckpointCorrupt, match="records no SHA-256"):
-        Checkpoint(str(folder), CONFIG).load(*real_model(), Position(), mx.cpu())
+        Checkpoint(str(folder), CONFIG).load(*real_model(), FakeLoader(), mx.cpu())
     state["version"] = 1  # a checkpoint of the demo before checksums
     (folder / "state.json").write_text(json.dumps(state))
     with pytest.raises(CheckpointMismatch, match="format version 1, expected 2"):
-        Checkpoint(str(folder), CONFIG).load(*real_model(), Position(), mx.cpu())
+        Checkpoint(str(folder), CONFIG).load(*real_model(), FakeLoader(), mx.cpu())
 
 
 # ------------------------------------------------------ item 11: folders others can write
@@ -149,9 +136,9 @@ def test_a_folder_others_can_write_is_refused(tmp_path):
     assert f"the checkpoint folder {folder} can be written by others (mode drwxrwxrwx)" in message
     assert f"chmod go-w {folder}" in message and "pickles" in message
     with pytest.raises(UnsafeFolder):
-        Checkpoint(str(folder), CONFIG).save(*real_model(), Position(0, 1))
+        Checkpoint(str(folder), CONFIG).save(*real_model(), FakeLoader(0, 1))
     with pytest.raises(UnsafeFolder):
-        Checkpoint(str(folder), CONFIG).load(*real_model(), Position(), mx.cpu())
+        Checkpoint(str(folder), CONFIG).load(*real_model(), FakeLoader(), mx.cpu())
     assert os.listdir(folder) == []  # nothing read, nothing written
     folder.chmod(0o775)
     with pytest.raises(UnsafeFolder, match="can be written by others"):
@@ -195,7 +182,7 @@ def test_new_folders_are_the_users_alone(tmp_path):
     cache = tmp_path / "new" / "cache"
     prepare(str(cache), train_size=12, test_size=6, progress=False)
     folder = cache / "checkpoint"
-    Checkpoint(str(folder), CONFIG).save(*real_model(), Position(0, 1))
+    Checkpoint(str(folder), CONFIG).save(*real_model(), FakeLoader(0, 1))
     for path in (cache, folder):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
 
