@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import math
+import functools
 import mmap
 import os
 import threading
@@ -21,6 +21,12 @@ from .lease import as_ndarray, reap_some
 from .slots import EAGER_RELEASE_BYTES, NP, ArrayRef
 
 _libc = None
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype(name: str) -> np.dtype:
+    """``np.dtype(name)``, looked up once per name (a few microseconds each time otherwise)."""
+    return np.dtype(name)
 
 
 def libc_mmap():
@@ -120,24 +126,22 @@ class SlotTable:
             return skeleton
         mapped = self._slots[(worker_key, slot_id)]
         buffer = mapped.buffer()
-        base = np.frombuffer(buffer, dtype=np.uint8)
         # Every array of the batch keeps `buffer` alive; when the last one goes, so does
         # `buffer`, and the slot returns to its worker.
         # Not at exit: the arrays may still be read by MXNet operators until it shuts down.
         weakref.finalize(buffer, self._released, worker_key, slot_id, mapped).atexit = False
-        del buffer
         nbytes = [0]
 
         def rebuild(leaf):
             if isinstance(leaf, ArrayRef):
-                dtype = np.dtype(leaf.dtype)
-                n = math.prod(leaf.shape) * dtype.itemsize
-                nbytes[0] += n
-                arr = base[leaf.offset : leaf.offset + n].view(dtype).reshape(leaf.shape)
+                dtype = _dtype(leaf.dtype)
+                arr = np.ndarray(leaf.shape, dtype, buffer, leaf.offset)
+                nbytes[0] += arr.nbytes
                 return as_ndarray(arr, leaf.kind == NP) if leaf.kind else arr
             return leaf
 
         batch = map_leaves(rebuild, skeleton)
+        del buffer  # only the arrays hold it now
         self.bytes_delivered += nbytes[0]
         return batch
 
