@@ -10,13 +10,14 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
+import math
 import multiprocessing as mp
 import os
 import pickle
+import select
 import threading
 import time
 import weakref
-from multiprocessing import connection
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..._errors import WorkerError
@@ -103,6 +104,8 @@ class ProcessPool:
         self._ctx = mp.get_context(start_method)
         self._entropy = fresh_entropy()
         self._workers: Dict[int, _ProcWorker] = {}
+        # (worker keys, select.poll, fd -> (worker, is_pipe)): see _poller.
+        self._polled: Optional[Tuple[Tuple[int, ...], Any, Dict]] = None
         self._table: MainSide = SlotTable()
         self._lock = threading.RLock()
         self._closed = False
@@ -259,31 +262,35 @@ class ProcessPool:
             self._table.collect()
             self._send_urgent_releases()
             results: List[Result] = []
-            # Fast path: replies already waiting cost one poll() each, no selector.
-            for w in list(self._workers.values()):
-                if w.conn.poll(0) and self._receive(w, results):
-                    continue
-            if results:
-                return results, []
-            by_fd = {}
-            for w in self._workers.values():
-                by_fd[w.conn] = w
-                by_fd[w.process.sentinel] = w
-            ready = connection.wait(list(by_fd), timeout) if by_fd else []
+            poller, by_fd = self._poller()
+            # Replies already waiting cost one poll(2), with no wait.
+            ready = poller.poll(0) or poller.poll(math.ceil(max(timeout, 0.0) * 1000))
             lost: List[WorkerLost] = []
             dead = []
-            for obj in ready:
-                w = by_fd[obj]
-                if obj is w.conn:
-                    if not self._receive(w, results):
-                        dead.append(w)
-                elif w not in dead:
+            for fd, _ in ready:
+                w, is_pipe = by_fd[fd]
+                if (not is_pipe or not self._receive(w, results)) and w not in dead:
                     dead.append(w)
             for w in dead:
                 while self._receive(w, results, block=False):
                     pass
                 lost.append(self._bury(w))
             return results, lost
+
+    def _poller(self) -> Tuple[Any, Dict[int, Tuple[_ProcWorker, bool]]]:
+        """A ``select.poll`` over every worker's pipe and process sentinel, and what each
+        descriptor is (its worker, and whether it is the pipe); made again only when the
+        workers change (a death, a restart), not on every poll."""
+        keys = tuple(w.key for w in self._workers.values())
+        if self._polled is None or self._polled[0] != keys:
+            poller = select.poll()
+            by_fd: Dict[int, Tuple[_ProcWorker, bool]] = {}
+            for w in self._workers.values():
+                for fd, is_pipe in ((w.conn.fileno(), True), (w.process.sentinel, False)):
+                    poller.register(fd, select.POLLIN)
+                    by_fd[fd] = (w, is_pipe)
+            self._polled = (keys, poller, by_fd)
+        return self._polled[1], self._polled[2]
 
     def _receive(self, w: _ProcWorker, results: List[Result], block: bool = True) -> bool:
         """Read one ``protocol.Reply`` from ``w``; False when its pipe is closed (it died).
