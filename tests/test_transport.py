@@ -58,7 +58,7 @@ def test_second_batch_is_stacked_straight_into_a_reused_slot():
             promoted: dict = {}
             with _alloc.allocating(ring.allocate, numpy_out=True, promoted=promoted):
                 batch = batchify.Stack()([np.full((1000,), step, np.int64)] * 4)
-            in_slot = ring._in_slot(ring.current, batch)
+            in_slot = ring._offset_in(ring.current, batch) is not None
             out, _ = _ship(ring, table, batch, promoted)
             outs.append(out.asnumpy())
             if step > 0:

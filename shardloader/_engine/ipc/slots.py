@@ -135,6 +135,10 @@ class SlotRing:
         self._last_need = 0
         self.dropped: List[int] = []
         self.current: Optional[_Slot] = None
+        # The arrays ``allocate`` carved for the current batch, by id, with their slot and
+        # offset (each kept alive, so its id stays its own): ``pack`` finds them without
+        # asking numpy for addresses.
+        self._carved: Dict[int, Tuple[np.ndarray, _Slot, int]] = {}
 
     def release(self, slot_ids) -> None:
         for sid in slot_ids:
@@ -172,6 +176,7 @@ class SlotRing:
     def begin(self) -> None:
         """Start a batch: take a slot sized like the last batch (none before the first)."""
         self.current = self._acquire(self._last_need) if self._last_need else None
+        self._carved.clear()
 
     def allocate(self, shape, dtype) -> np.ndarray:
         """The allocator installed for batchify: carve from the current slot if it fits."""
@@ -185,7 +190,9 @@ class SlotRing:
         if slot is not None and nbytes >= _ALIGN:
             offset = slot.carve(nbytes)
             if offset is not None:
-                return slot.view(offset, shape, dtype)
+                view = slot.view(offset, shape, dtype)
+                self._carved[id(view)] = (view, slot, offset)
+                return view
         return np.empty(shape, dtype=dtype)
 
     def abort(self) -> None:
@@ -193,6 +200,7 @@ class SlotRing:
         if self.current is not None:
             self._free.append(self.current.id)
             self.current = None
+        self._carved.clear()
 
     def pack(
         self, result: Any, promoted: Dict[int, Any], numpy_array: bool = False
@@ -209,6 +217,14 @@ class SlotRing:
         """
         slot = self.current
         self.current = None
+        try:
+            return self._pack(slot, result, promoted, numpy_array)
+        finally:
+            self._carved.clear()  # a view kept would pin the slot's mapping
+
+    def _pack(
+        self, slot: Optional[_Slot], result: Any, promoted: Dict[int, Any], numpy_array: bool
+    ) -> Tuple[Any, Optional[int], list]:
         leaves: List[Tuple[Any, int]] = []  # (array or MXNet array, kind)
         promoted_kind = NP if numpy_array else ND
 
@@ -253,17 +269,25 @@ class SlotRing:
             self._slots.pop(slot_id).close()
             self.dropped.append(slot_id)
 
-    @staticmethod
-    def _in_slot(slot: Optional[_Slot], arr: np.ndarray) -> bool:
-        if slot is None or not arr.flags["C_CONTIGUOUS"]:
-            return False
+    def _offset_in(self, slot: Optional[_Slot], arr: np.ndarray) -> Optional[int]:
+        """Where ``arr`` lies in ``slot``, if it is contiguous and wholly inside it (an array
+        ``allocate`` carved, or a view of one), else None."""
+        if slot is None:
+            return None
+        carved = self._carved.get(id(arr))
+        if carved is not None and carved[0] is arr and carved[1] is slot:
+            return carved[2]
+        if not arr.flags["C_CONTIGUOUS"]:
+            return None
         ptr = arr.__array_interface__["data"][0]
-        return slot.addr <= ptr and ptr + arr.nbytes <= slot.addr + slot.capacity
+        if slot.addr <= ptr and ptr + arr.nbytes <= slot.addr + slot.capacity:
+            return ptr - slot.addr
+        return None
 
     def _fits(self, slot: _Slot, leaves) -> bool:
         top = slot.top
         for arr, _ in leaves:
-            if isinstance(arr, np.ndarray) and self._in_slot(slot, arr):
+            if isinstance(arr, np.ndarray) and self._offset_in(slot, arr) is not None:
                 continue
             top = _align(top) + _nbytes(arr)
         return top <= slot.capacity
@@ -271,8 +295,8 @@ class SlotRing:
     def _place(self, slot: _Slot, arr, kind: int) -> ArrayRef:
         shape = tuple(arr.shape)
         dtype = np.dtype(arr.dtype)
-        if isinstance(arr, np.ndarray) and self._in_slot(slot, arr):
-            offset = arr.__array_interface__["data"][0] - slot.addr
+        offset = self._offset_in(slot, arr) if isinstance(arr, np.ndarray) else None
+        if offset is not None:
             return ArrayRef(offset, shape, dtype.str, kind)
         offset = slot.carve(_nbytes(arr))
         if offset is None:  # _fits said it would: the ring is out of step with itself
