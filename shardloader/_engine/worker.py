@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import select
 import signal
 import threading
 import time
@@ -233,17 +234,24 @@ class _PipeChannel:
         self._tasks: collections.deque = collections.deque()
         self._results: List[Tuple[Task, int, bool, Any, float]] = []
         self.new_slots: List[Tuple[int, int, int]] = []  # (slot_id, capacity, fd)
+        # One poll(2) object for the pipe: Connection.poll builds a selector on every call.
+        self._poller = select.poll()
+        self._poller.register(conn.fileno(), select.POLLIN)
+
+    def _readable(self, timeout_s: float) -> bool:
+        """Whether the pipe has a message (or has closed) within ``timeout_s``."""
+        return bool(self._poller.poll(int(timeout_s * 1000)))
 
     def next_task(self) -> Optional[Task]:
         conn, tasks = self._conn, self._tasks
         while True:
-            if not tasks and not conn.poll(timing.WORKER_PARENT_CHECK_S):
+            if not tasks and not self._readable(timing.WORKER_PARENT_CHECK_S):
                 if os.getppid() != self._ppid:
                     return None  # reparented: the main process (or the forkserver) is gone
                 continue
             # Read everything that has arrived before starting a batch: releases apply at
             # once (so the batch reuses a slot instead of mapping a new one), tasks queue up.
-            while conn.poll(0):
+            while self._readable(0):
                 message = decode(conn.recv_bytes())
                 if message is STOP:
                     return None
