@@ -238,8 +238,11 @@ class ProcessPool:
             self._send_urgent_releases()
 
     def _send_urgent_releases(self) -> None:
+        urgent = self._table.urgent()
+        if not urgent:  # the common case, twice a batch
+            return
         by_key = {w.key: w for w in self._workers.values()}
-        for key in self._table.urgent():
+        for key in urgent:
             w = by_key.get(key)
             if w is None:
                 continue  # it died meanwhile: forget_worker dropped its releases
