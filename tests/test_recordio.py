@@ -1023,3 +1023,18 @@ def test_a_file_the_system_refuses_to_open_is_named(raw_file, monkeypatch):
         dataset[2]  # its first read opens the file
     monkeypatch.undo()
     assert dataset[2] == raw_file.records[2]
+
+
+def test_image_record_dataset_says_how_it_decodes(tmp_path):
+    """``flag`` and ``transform_fn`` are public (the fused image path reads them), and
+    Gluon's ``Dataset.transform`` method stays what it is."""
+    rec, _ = pack_images(tmp_path / "f.rec", np.zeros((2, 4, 4, 3), np.uint8), [0, 1])
+
+    def fn(image, label):
+        return image, label
+
+    grey, coloured = ImageRecordDataset(rec, flag=0, transform=fn), ImageRecordDataset(rec)
+    assert (grey.flag, grey.transform_fn) == (0, fn)
+    assert (coloured.flag, coloured.transform_fn) == (1, None)
+    assert grey[0][0].shape == (4, 4, 1) and coloured[0][0].shape == (4, 4, 3)
+    assert len(coloured.transform(lambda image, label: label)) == 2

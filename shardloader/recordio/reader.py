@@ -379,6 +379,17 @@ class ImageRecordDataset(RecordDataset):
         self._flag = flag
         self._transform = transform
 
+    @property
+    def flag(self) -> int:
+        """How images are decoded: 1 to 3 colour channels, 0 to 1 grey channel."""
+        return self._flag
+
+    @property
+    def transform_fn(self) -> Optional[Callable[[Any, Any], Any]]:
+        """The ``transform=`` given: ``transform(image, label)``, applied after decoding, or
+        ``None``. (``transform`` itself is Gluon's ``Dataset.transform`` method.)"""
+        return self._transform
+
     def __getitem__(self, idx: int) -> Any:
         position = self._position(idx)
         record = self._read(position)

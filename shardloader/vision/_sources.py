@@ -142,9 +142,9 @@ def source_of(dataset: Any) -> Tuple[Optional[_Source], str]:
     name = type(dataset).__name__
     # Exact types throughout: a subclass may decode or label differently in __getitem__.
     if type(dataset) is ImageRecordDataset:
-        if getattr(dataset, "_transform", None) is not None:
+        if dataset.transform_fn is not None:
             return None, f"the {name} has a transform= of its own"
-        return _ShardRecords(dataset, dataset._flag), ""
+        return _ShardRecords(dataset, dataset.flag), ""
     if type(dataset) is vision.ImageRecordDataset:
         if dataset._transform is not None:
             return None, f"the {name} has a transform= of its own"
