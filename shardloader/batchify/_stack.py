@@ -142,18 +142,22 @@ def _stack_arrays(
     Returns ``None`` when the arrays hold no numbers (strings, objects).
     """
     first = data[0]
-    if type(first) is np.ndarray and first.ndim and set(map(type, data)) == {np.ndarray}:
-        if len({(a.shape, a.dtype) for a in data}) == 1:
-            # The common case, numpy samples of one shape and dtype: one concatenate along
-            # the first axis of the buffer, with no view per sample.
-            if first.dtype.kind in _NON_NUMERIC_KINDS:
-                return None
-            if dtype is None:
-                dtype = _output_dtype(first.dtype)
-            buf = _alloc.empty((len(data),) + first.shape, dtype)
-            flat = buf.reshape((len(data) * first.shape[0],) + first.shape[1:])
-            np.concatenate(data, out=flat, casting="unsafe")
-            return buf
+    if (
+        type(first) is np.ndarray
+        and first.ndim
+        and set(map(type, data)) == {np.ndarray}
+        and len({(a.shape, a.dtype) for a in data}) == 1
+    ):
+        # The common case, numpy samples of one shape and dtype: one concatenate along the
+        # first axis of the buffer, with no view per sample.
+        if first.dtype.kind in _NON_NUMERIC_KINDS:
+            return None
+        if dtype is None:
+            dtype = _output_dtype(first.dtype)
+        buf = _alloc.empty((len(data),) + first.shape, dtype)
+        flat = buf.reshape((len(data) * first.shape[0],) + first.shape[1:])
+        np.concatenate(data, out=flat, casting="unsafe")
+        return buf
     # One pass: a (1, ...) view of every sample, ready to concatenate into the output buffer.
     views = [
         a[None] if type(a) is np.ndarray else _array_sample(a, position, owner)[None]

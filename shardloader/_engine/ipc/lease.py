@@ -35,7 +35,7 @@ import ctypes
 import os
 import threading
 import time
-from typing import Deque, Optional, Tuple
+from typing import Deque, Optional
 
 import numpy as np
 

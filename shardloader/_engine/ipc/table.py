@@ -141,7 +141,6 @@ class SlotTable:
             return leaf
 
         batch = map_leaves(rebuild, skeleton)
-        del buffer  # only the arrays hold it now
         self.bytes_delivered += nbytes[0]
         return batch
 
