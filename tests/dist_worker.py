@@ -7,8 +7,10 @@ trains a ``Dense`` layer through ``gluon.Trainer(..., kvstore=kv)`` and writes
 losses and its final weights. Feature 0 of every sample is the sample's id, which a float32
 holds exactly.
 
-Usage: ``dist_worker.py OUT_DIR [--loader-workers K] [--fail-rank R --exit-code C]``.
-``OUT_DIR`` defaults to ``$SHARDLOADER_DIST_OUT``. With ``--fail-rank``, that rank exits with
+Usage: ``dist_worker.py OUT_DIR [--loader-workers K[,K1...]] [--fail-rank R --exit-code C]``.
+``OUT_DIR`` defaults to ``$SHARDLOADER_DIST_OUT``. With a list of loader workers, rank ``r``
+takes its ``r``-th entry (modulo its length): ``0,2`` reads inline on rank 0 and with two
+worker processes on rank 1, so one run covers both. With ``--fail-rank``, that rank exits with
 ``--exit-code`` before its first step, while the others block in theirs.
 """
 
@@ -47,6 +49,7 @@ def make_dataset(num_samples: int = NUM_SAMPLES) -> gluon.data.ArrayDataset:
 
 def train(kv: mx.kv.KVStore, args: argparse.Namespace) -> dict:
     num_parts, part_index = parts_from_kvstore(kv)
+    loader_workers = args.loader_workers[kv.rank % len(args.loader_workers)]
     loader = ShardedDataLoader(
         make_dataset(),
         batch_size=BATCH_SIZE,
@@ -54,7 +57,7 @@ def train(kv: mx.kv.KVStore, args: argparse.Namespace) -> dict:
         seed=SEED,
         num_parts=num_parts,
         part_index=part_index,
-        num_workers=args.loader_workers,
+        num_workers=loader_workers,
         last_batch="keep",
     )
     mx.random.seed(SEED)
@@ -83,6 +86,7 @@ def train(kv: mx.kv.KVStore, args: argparse.Namespace) -> dict:
         "num_workers": kv.num_workers,
         "num_parts": num_parts,
         "part_index": part_index,
+        "loader_workers": loader_workers,
         "epochs": epochs,
         "weight": net.weight.data().asnumpy().ravel().tolist(),
         "bias": net.bias.data().asnumpy().item(),
@@ -92,7 +96,12 @@ def train(kv: mx.kv.KVStore, args: argparse.Namespace) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", nargs="?", default=os.environ.get("SHARDLOADER_DIST_OUT"))
-    parser.add_argument("--loader-workers", type=int, default=0)
+    parser.add_argument(
+        "--loader-workers",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[0],
+        help="num_workers of each rank's loader: one value, or one per rank (comma-separated)",
+    )
     parser.add_argument("--fail-rank", type=int, default=None)
     parser.add_argument("--exit-code", type=int, default=3)
     args = parser.parse_args(argv)
