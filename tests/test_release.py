@@ -46,6 +46,42 @@ def _run(code: str, *args: str, deadline: float = _DEADLINE_S) -> subprocess.Com
         )
 
 
+def _run_together(code: str, argvs, deadline: float = _DEADLINE_S):
+    """Run ``code`` once per argument list in ``argvs``, in fresh interpreters started
+    together (independent programs: each spends its first seconds importing MXNet), and
+    return their ``CompletedProcess``es in order; a hang past the deadline fails the test."""
+    script = textwrap.dedent(code)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-X", "faulthandler", "-c", script, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for argv in argvs
+    ]
+    end = time.monotonic() + deadline
+    done = []
+    try:
+        for argv, proc in zip(argvs, procs):
+            try:
+                out, err = proc.communicate(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # its session: the program and its workers
+                out, err = proc.communicate()
+                pytest.fail(
+                    f"the program {argv} hung past {deadline}s; output so far:\n{out}\n{err}"
+                )
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    return done
+
+
 _TRAIN_THEN_FORK = """
     import multiprocessing as mp, os, sys
     import numpy as np, mxnet as mx
@@ -120,8 +156,7 @@ _EXIT_WITH_PENDING_WORK = """
 @pytest.mark.parametrize("how", ["close", "leave-open"])
 def test_exit_while_mxnet_still_reads_a_batch(how):
     """Exit-time finalizers used to unmap slots that MXNet operators were still reading."""
-    for _ in range(3):
-        proc = _run(_EXIT_WITH_PENDING_WORK, how)
+    for proc in _run_together(_EXIT_WITH_PENDING_WORK, [[how]] * 3):  # three programs at once
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "Segmentation fault" not in proc.stderr, proc.stderr
         assert "terminate called" not in proc.stderr, proc.stderr
