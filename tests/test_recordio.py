@@ -545,7 +545,9 @@ def test_other_formats_use_pack_img_with_cv2(tmp_path, monkeypatch):
 
 # -- Gluon's own record datasets under thread workers -----------------------------------------
 
-GLUON_EPOCHS = 30
+# Four threads sharing Gluon's one file handle (thread_safe left out) read dozens of wrong
+# samples in the very first epoch of each case; five epochs leave a wide margin.
+GLUON_EPOCHS = 5
 
 
 def gluon_label(label):
