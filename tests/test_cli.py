@@ -28,13 +28,30 @@ ACCURACY = re.compile(r"held-out accuracy: [\d.]+% \((\d+)/(\d+);")
 
 def shardloader_cli(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess:
     """Run ``python -m shardloader ARGS`` and return it, stdout and stderr as text."""
-    return subprocess.run(
+    return finish(start_cli(*args, cwd=cwd), timeout)
+
+
+def start_cli(*args: str, cwd: Path) -> subprocess.Popen:
+    """Start ``python -m shardloader ARGS`` (``finish`` waits for it): runs that do not depend
+    on each other start together, each spending its first seconds importing MXNet."""
+    return subprocess.Popen(
         [sys.executable, "-m", "shardloader", *args],
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
     )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 150) -> subprocess.CompletedProcess:
+    """Wait for a run ``start_cli`` started and return it, stdout and stderr as text."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:  # timed out (or interrupted): no run outlives its test
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def assert_clean(proc: subprocess.CompletedProcess) -> str:
@@ -47,24 +64,26 @@ def assert_clean(proc: subprocess.CompletedProcess) -> str:
 
 
 # ------------------------------------------------------------------------------ parser
-@pytest.mark.parametrize(
-    "command, expected",
-    [
-        ([], ["demo", "bench", "--version"]),
-        (["demo"], ["--epochs", "--num-workers", "--batch-size", "--gluon", "--resume",
-                    "--stop-after-batches", "--cache-dir"]),
-        (["bench"], ["--dataset", "--recordio", "--raw", "--no-transform", "--crop-size",
-                     "--batch-size", "--workers", "--batches", "--epochs", "--thread-pool",
-                     "--step-ms", "--rounds", "--plot", "--progress", "--no-progress"]),
-    ],
-)  # fmt: skip
-def test_help_lists_every_option(tmp_path, command, expected):
-    proc = shardloader_cli(*command, "--help", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("usage: shardloader")
-    for option in expected:
-        assert option in proc.stdout
-    assert "--train-size" not in proc.stdout  # test-only options stay hidden
+HELP = [
+    ([], ["demo", "bench", "--version"]),
+    (["demo"], ["--epochs", "--num-workers", "--batch-size", "--gluon", "--resume",
+                "--stop-after-batches", "--cache-dir"]),
+    (["bench"], ["--dataset", "--recordio", "--raw", "--no-transform", "--crop-size",
+                 "--batch-size", "--workers", "--batches", "--epochs", "--thread-pool",
+                 "--step-ms", "--rounds", "--plot", "--progress", "--no-progress"]),
+]  # fmt: skip
+
+
+def test_help_lists_every_option(tmp_path):
+    # The three --help runs (the command's and each subcommand's) start together.
+    procs = [start_cli(*command, "--help", cwd=tmp_path) for command, _ in HELP]
+    for (command, expected), proc in zip(HELP, procs):
+        proc = finish(proc)
+        assert proc.returncode == 0, (command, proc.stderr)
+        assert proc.stdout.startswith("usage: shardloader"), (command, proc.stdout)
+        for option in expected:
+            assert option in proc.stdout, (command, option)
+        assert "--train-size" not in proc.stdout, command  # test-only options stay hidden
 
 
 def test_version(tmp_path):
@@ -532,16 +551,19 @@ def test_demo_compares_with_gluon(tmp_path):
 
 def test_demo_resumes_mid_epoch_to_the_same_result(tmp_path):
     options = ["demo", "--epochs", "2", "--num-workers", "1", *TINY]
-    full = shardloader_cli(*options, "--cache-dir", str(tmp_path / "full"), cwd=tmp_path)
+    # The uninterrupted run (a cache of its own) goes on beside the interrupted one.
+    started = start_cli(*options, "--cache-dir", str(tmp_path / "full"), cwd=tmp_path)
+    try:
+        cache = ["--cache-dir", str(tmp_path / "crash")]
+        crashed = shardloader_cli(*options, *cache, "--stop-after-batches", "2", cwd=tmp_path)
+        resumed = shardloader_cli(*options, *cache, "--resume", cwd=tmp_path)
+    finally:
+        full = finish(started)
     assert_clean(full)
-
-    cache = ["--cache-dir", str(tmp_path / "crash")]
-    crashed = shardloader_cli(*options, *cache, "--stop-after-batches", "2", cwd=tmp_path)
     assert_clean(crashed)
     assert "--resume" in crashed.stdout
     assert not ACCURACY.search(crashed.stdout)
 
-    resumed = shardloader_cli(*options, *cache, "--resume", cwd=tmp_path)
     assert_clean(resumed)
     assert "continuing from" in resumed.stdout and "epoch 1, step 2" in resumed.stdout
     # Seeded order and augmentation, restored weights and optimizer: the same model.
