@@ -7,6 +7,10 @@ This program runs two processes and then trains once itself:
 - ``--phase second``: a new process that loads all three and finishes the run;
 - then an uninterrupted run of the two epochs, in this program's own process.
 
+The second process starts beside the first (importing MXNet takes seconds) but waits, before
+it makes its net, trainer or loader, for a line on stdin that this program writes only once
+the first has exited.
+
 The batches of ``first`` followed by those of ``second`` must be exactly the batches of
 the uninterrupted run, and the final weights the same.
 
@@ -85,6 +89,10 @@ def load_record(path):
 def child(args):
     d = args.dir
     with Scenario(f"resume:{args.phase}[{args.workers}]", args.start_method) as sc:
+        if args.phase == "second":
+            sc.phase("second: waiting for the first process to exit")
+            go = sys.stdin.readline().strip()
+            check(go == "go", f"the first process did not end well ({go!r})")
         net, trainer, loader = build(args)
         record = []
         if args.phase == "first":
@@ -109,7 +117,7 @@ def child(args):
         sc.phase(f"{args.phase}: {len(record)} batches")
 
 
-def run_child(args, phase, sc):
+def start_child(args, phase):
     cmd = [
         sys.executable,
         os.path.abspath(__file__),
@@ -122,18 +130,24 @@ def run_child(args, phase, sc):
         "--start-method",
         args.start_method,
     ]
-    env = dict(os.environ, SCENARIO_WATCHDOG_S=str(CHILD_TIMEOUT_S - 5))
+    # Both children get the whole deadline: the second waits for the first.
+    env = dict(os.environ, SCENARIO_WATCHDOG_S=str(2 * CHILD_TIMEOUT_S - 5))
+    return subprocess.Popen(
+        cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def finish_child(proc, phase, sc, stdin=""):
     try:
-        done = subprocess.run(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            timeout=CHILD_TIMEOUT_S,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        out = exc.output or ""
+        out, _ = proc.communicate(stdin, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
         raise _common.ScenarioFailure(f"phase {phase} hung; its output:\n{out}") from None
-    for line in done.stdout.splitlines():
+    for line in out.splitlines():
         print(f"    {phase}| {line}")
-    check(done.returncode == 0, f"phase {phase} exited with {done.returncode}")
+    check(proc.returncode == 0, f"phase {phase} exited with {proc.returncode}")
     sc.phase(f"phase {phase} done")
 
 
@@ -149,8 +163,14 @@ def main() -> None:
         f"resume[{args.workers}]", args.start_method
     ) as sc, tempfile.TemporaryDirectory() as tmp:
         args.dir = args.dir or tmp
-        for phase in ("first", "second"):
-            run_child(args, phase, sc)
+        first, second = start_child(args, "first"), start_child(args, "second")
+        try:
+            finish_child(first, "first", sc)
+        except BaseException:
+            second.kill()
+            second.communicate()
+            raise
+        finish_child(second, "second", sc, stdin="go\n")  # the first has exited
         # The uninterrupted run, here.
         net, trainer, loader = build(args)
         full = []

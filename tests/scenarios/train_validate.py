@@ -7,6 +7,7 @@ validation results and the same final weights.
 
     python tests/scenarios/train_validate.py --workers inline|thread|process
                                              [--start-method fork|spawn|forkserver]
+                                             [--num-workers N]
 """
 
 from __future__ import annotations
@@ -94,7 +95,11 @@ def run(loader_cls, kwargs, sc, label):
 
 
 def main() -> None:
-    args = _common.parser(__doc__).parse_args()
+    p = _common.parser(__doc__)
+    p.add_argument(
+        "--num-workers", type=int, default=2, help="shardloader's workers (threads or processes)"
+    )
+    args = p.parse_args()
     name = f"train_validate[{args.workers}"
     name += f",{args.start_method}]" if args.workers == "process" else "]"
     with Scenario(name, args.start_method) as sc:
@@ -102,7 +107,8 @@ def main() -> None:
 
         from shardloader import DataLoader
 
-        ours = run(DataLoader, _common.worker_kwargs(args.workers, args.start_method), sc, "ours")
+        kwargs = _common.worker_kwargs(args.workers, args.start_method, args.num_workers)
+        ours = run(DataLoader, kwargs, sc, "ours")
         gluon = run(GluonLoader, _common.gluon_worker_kwargs(args.workers), sc, "gluon")
         _common.close_trajectories(ours[0], gluon[0], "training losses (ours vs Gluon)")
         _common.close_trajectories(
