@@ -8,7 +8,6 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
-from _backends import BACKENDS as ALL_BACKENDS
 from _backends import backends
 from _datasets import RangeDataset, ReverseSlowDataset, VarLenDataset
 from conftest import ARRAY_TYPE, ARRAYS, requires_mx1, where
@@ -21,7 +20,6 @@ from shardloader.sampler import SequentialSampler
 pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("no_leaks")]
 
 BACKENDS = backends("inline", "thread", "fork")
-SPAWN = ALL_BACKENDS["spawn"]
 
 
 @pytest.fixture(params=list(BACKENDS))
@@ -112,12 +110,9 @@ def test_order_holds_when_later_batches_finish_first(backend):
     assert labels == list(range(40))
 
 
-def test_spawn_start_method_gives_the_same_batches():
-    dataset = ArrayDataset(np.arange(30, dtype="float32"), np.arange(30))
-    expected = gluon(dataset, batch_size=7)
-    with ShardedDataLoader(dataset, batch_size=7, **SPAWN) as loader:
-        assert collect(loader) == expected
-        assert collect(loader) == expected
+# Spawn workers give Gluon's batches (an ArrayDataset, a ragged last batch, two epochs): the
+# spawn case of tests/test_mx2_smoke.py's test_same_batches_as_gluons_python_pipeline, which
+# runs under both MXNets (each spawned worker spends seconds importing MXNet).
 
 
 def test_transform_and_transform_first(backend):

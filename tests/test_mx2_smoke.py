@@ -62,8 +62,13 @@ def _dataset(n=23):
 # ------------------------------------------------------------------ Gluon's batches
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
-@pytest.mark.parametrize("last_batch", ["keep", "rollover"])
+# Every backend with last_batch='keep'; 'rollover' (the sampler's, in the main process) with
+# one process backend: a spawned worker spends seconds importing MXNet for the same batches.
+@pytest.mark.parametrize(
+    "backend, last_batch",
+    [pytest.param(b, "keep", id=f"keep-{b}") for b in BACKENDS]
+    + [pytest.param(b, "rollover", id=f"rollover-{b}") for b in ("inline", "thread", "fork")],
+)
 def test_same_batches_as_gluons_python_pipeline(backend, last_batch, no_leaks):
     data = _dataset()
     kwargs = dict(batch_size=5, shuffle=False, last_batch=last_batch)
