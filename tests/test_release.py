@@ -29,23 +29,6 @@ from shardloader._engine.ipc import lease as _lease
 _DEADLINE_S = 90
 
 
-def _run(code: str, *args: str, deadline: float = _DEADLINE_S) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter; a hang past the deadline fails the test."""
-    script = textwrap.dedent(code)
-    try:
-        return subprocess.run(
-            [sys.executable, "-X", "faulthandler", "-c", script, *args],
-            capture_output=True,
-            text=True,
-            timeout=deadline,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(
-            f"the program hung past {deadline}s; output so far:\n{exc.stdout}\n{exc.stderr}"
-        )
-
-
 def _run_together(code: str, argvs, deadline: float = _DEADLINE_S):
     """Run ``code`` once per argument list in ``argvs``, in fresh interpreters started
     together (independent programs: each spends its first seconds importing MXNet), and
@@ -126,11 +109,12 @@ _TRAIN_THEN_FORK = """
 
 
 @pytest.mark.timeout(_DEADLINE_S + 30)
-@pytest.mark.parametrize("mode", ["inline", "thread", "process"])
-def test_forks_after_training_do_not_deadlock(mode):
-    proc = _run(_TRAIN_THEN_FORK, mode)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.strip().endswith("done")
+def test_forks_after_training_do_not_deadlock():
+    modes = ["inline", "thread", "process"]
+    # One program per worker mode, the three started together (a hang names its mode).
+    for mode, proc in zip(modes, _run_together(_TRAIN_THEN_FORK, [[m] for m in modes])):
+        assert proc.returncode == 0, f"{mode}:\n{proc.stdout}{proc.stderr}"
+        assert proc.stdout.strip().endswith("done"), mode
 
 
 _EXIT_WITH_PENDING_WORK = """
