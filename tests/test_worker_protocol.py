@@ -132,23 +132,36 @@ _KILL_SCRIPT = """
 """
 
 
-@pytest.mark.parametrize("from_thread", [False, True], ids=["main-thread", "other-thread"])
-def test_workers_die_at_once_when_the_main_process_is_killed(from_thread):
-    code = textwrap.dedent(_KILL_SCRIPT.format(here=HERE, from_thread=from_thread))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+def test_workers_die_at_once_when_the_main_process_is_killed():
+    # Two programs, started together: one starts its loader's workers from the main thread,
+    # the other from a thread that has ended by the time the program is killed.
+    procs = {
+        where: subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_KILL_SCRIPT.format(here=HERE, from_thread=t))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for where, t in (("main thread", False), ("other thread", True))
+    }
     try:
-        pids = [int(p) for p in proc.stdout.readline().split()]
-        assert len(pids) == 2, proc.stderr.read()
+        workers = {}
+        for where, proc in procs.items():
+            workers[where] = [int(p) for p in proc.stdout.readline().split()]
+            assert len(workers[where]) == 2, (where, proc.stderr.read())
         time.sleep(0.5)
-        assert all(_alive(p) for p in pids)  # the starting thread's exit killed nobody
-        proc.kill()
-        proc.wait(10)
-        assert _gone(pids, timeout=3), "workers outlived the main process"
+        for where, pids in workers.items():
+            # the starting thread's exit killed nobody
+            assert all(_alive(p) for p in pids), where
+        for proc in procs.values():
+            proc.kill()
+            proc.wait(10)
+        for where, pids in workers.items():
+            assert _gone(pids, timeout=3), f"workers started from the {where} outlived it"
     finally:
-        proc.kill()
-        proc.communicate(timeout=10)
+        for proc in procs.values():
+            proc.kill()
+            proc.communicate(timeout=10)
 
 
 def test_launcher_children_get_sigterm_when_the_launcher_is_killed():
