@@ -181,18 +181,28 @@ def test_timeout_stops_workers_and_their_children():
     run.assert_nothing_left()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_tears_everything_down(signum):
-    run = Run(["-n", "2", "-s", "1", sys.executable, "-c", _SLEEPER])
-    # scheduler + server + 2 workers + 2 grandchildren, besides the launcher itself
-    deadline = time.monotonic() + _PROMPT_S
-    while len(run.tagged_pids()) < 7 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len([pid for pid in run.tagged_pids() if pid != run.proc.pid]) == 6
-    run.proc.send_signal(signum)
-    assert run.wait(timeout=_PROMPT_S) == 128 + signum, run.output()
-    assert f"interrupted by {signal.Signals(signum).name}" in run.stderr
-    run.assert_nothing_left()
+def test_signal_tears_everything_down():
+    # Two clusters, started together: one gets SIGTERM, the other SIGINT.
+    runs = {signum: Run(["-n", "2", "-s", "1", sys.executable, "-c", _SLEEPER])
+            for signum in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+    try:
+        for signum, run in runs.items():
+            # scheduler + server + 2 workers + 2 grandchildren, besides the launcher itself
+            deadline = time.monotonic() + _PROMPT_S
+            while len(run.tagged_pids()) < 7 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len([pid for pid in run.tagged_pids() if pid != run.proc.pid]) == 6, signum
+        for signum, run in runs.items():
+            run.proc.send_signal(signum)
+        for signum, run in runs.items():
+            assert run.wait(timeout=_PROMPT_S) == 128 + signum, run.output()
+            assert f"interrupted by {signal.Signals(signum).name}" in run.stderr
+            run.assert_nothing_left()
+    finally:
+        for run in runs.values():
+            if run.proc.poll() is None:
+                run.proc.kill()  # its children follow (they get SIGTERM when it dies)
+                run.proc.communicate()
 
 
 def test_missing_command_exits_127():
