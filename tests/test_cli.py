@@ -533,20 +533,15 @@ def test_cache_is_built_once_and_rebuilt_when_stale(tmp_path):
 
 
 # ------------------------------------------------------------------------------ demo runs
-def test_demo_runs_clean_with_the_default_cache_dir(tmp_path):
-    proc = shardloader_cli("demo", "--epochs", "1", *TINY, cwd=tmp_path)
-    assert_clean(proc)
-    assert ACCURACY.search(proc.stdout), proc.stdout
-    assert "data stall" in proc.stdout
-    assert (tmp_path / ".shardloader-cache" / "demo" / "train.rec").is_file()
-    assert (tmp_path / ".shardloader-cache" / "demo" / "checkpoint" / "state.json").is_file()
-
-
-def test_demo_compares_with_gluon(tmp_path):
+def test_demo_runs_clean_in_the_default_cache_dir_and_compares_with_gluon(tmp_path):
+    # --gluon runs the plain demo's training, then Gluon's: one run checks both.
     proc = shardloader_cli("demo", "--epochs", "1", "--gluon", *TINY, cwd=tmp_path)
     assert_clean(proc)
     assert len(ACCURACY.findall(proc.stdout)) == 2
     assert re.search(r"^gluon DataLoader\s+[\d.]+ s", proc.stdout, re.MULTILINE), proc.stdout
+    assert "data stall" in proc.stdout
+    assert (tmp_path / ".shardloader-cache" / "demo" / "train.rec").is_file()
+    assert (tmp_path / ".shardloader-cache" / "demo" / "checkpoint" / "state.json").is_file()
 
 
 def test_demo_resumes_mid_epoch_to_the_same_result(tmp_path):
