@@ -558,9 +558,19 @@ def test_demo_resumes_mid_epoch_to_the_same_result(tmp_path):
     assert_clean(crashed)
     assert "--resume" in crashed.stdout
     assert not ACCURACY.search(crashed.stdout)
+    # 400 images in batches of 2 shards of 64: 3 batches an epoch; the bar counts them.
+    assert "2/3 [" in crashed.stderr and "batch/s" in crashed.stderr, crashed.stderr
+    assert "Stopped after 2 batches of epoch 1" in crashed.stdout, crashed.stdout
+    assert "with --resume" in crashed.stdout
 
     assert_clean(resumed)
     assert "continuing from" in resumed.stdout and "epoch 1, step 2" in resumed.stdout
+    out = resumed.stdout
+    assert "at epoch 1, step 2 (after batch 2 of 3)" in out, out
+    assert re.search(r"^data stall: (good|fair|poor): ", out, re.MULTILINE), out
+    assert "after Ctrl-C, run the same command with --resume" in out
+    assert "run again with --gluon" in out
+    assert "reorder" not in (out + resumed.stderr).lower()  # "kept in order", in words
     # Seeded order and augmentation, restored weights and optimizer: the same model.
     assert ACCURACY.search(resumed.stdout).groups() == ACCURACY.search(full.stdout).groups()
 

@@ -237,32 +237,9 @@ def test_progress_bars_survive_a_terminal_that_reports_no_width():
     assert re.search(r"epoch 1/1: 100%\|.*\| 5/5 ", text), text
 
 
-@pytest.mark.timeout(400)
-def test_the_demo_counts_batches_and_says_what_to_do_next(tmp_path):
-    def demo(*options):
-        proc = subprocess.run(
-            [sys.executable, "-m", "shardloader", "demo", "--epochs", "1", *TINY, *options],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc
-
-    stopped = demo("--stop-after-batches", "2")
-    # 400 images in batches of 2 shards of 64: 3 batches an epoch; the bar counts them.
-    assert "2/3 [" in stopped.stderr and "batch/s" in stopped.stderr, stopped.stderr
-    assert "Stopped after 2 batches of epoch 1" in stopped.stdout, stopped.stdout
-    assert "with --resume" in stopped.stdout
-
-    resumed = demo("--resume")
-    out = resumed.stdout
-    assert "at epoch 1, step 2 (after batch 2 of 3)" in out, out
-    assert re.search(r"^data stall: (good|fair|poor): ", out, re.MULTILINE), out
-    assert "after Ctrl-C, run the same command with --resume" in out
-    assert "run again with --gluon" in out
-    assert "reorder" not in (out + resumed.stderr).lower()
+# The demo's batch count and its words after --stop-after-batches and --resume (what to do
+# next, the data stall, --gluon, no "reorder") are checked on the interrupted and resumed runs
+# of tests/test_cli.py's test_demo_resumes_mid_epoch_to_the_same_result.
 
 
 # Runs the demo as `python -m shardloader` does, with Ctrl-C's default handler whatever the
