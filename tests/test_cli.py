@@ -74,8 +74,10 @@ HELP = [
 ]  # fmt: skip
 
 
-def test_help_lists_every_option(tmp_path):
-    # The three --help runs (the command's and each subcommand's) start together.
+def test_help_lists_every_option_and_version_prints_it(tmp_path):
+    # The three --help runs (the command's and each subcommand's) and --version start
+    # together.
+    version = start_cli("--version", cwd=tmp_path)
     procs = [start_cli(*command, "--help", cwd=tmp_path) for command, _ in HELP]
     for (command, expected), proc in zip(HELP, procs):
         proc = finish(proc)
@@ -84,11 +86,8 @@ def test_help_lists_every_option(tmp_path):
         for option in expected:
             assert option in proc.stdout, (command, option)
         assert "--train-size" not in proc.stdout, command  # test-only options stay hidden
-
-
-def test_version(tmp_path):
-    proc = shardloader_cli("--version", cwd=tmp_path)
-    assert proc.returncode == 0
+    proc = finish(version)
+    assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"shardloader {shardloader.__version__}"
 
 
