@@ -255,7 +255,7 @@ def batches_of_state(recipe, state, epochs=2):
 
 
 @settings(
-    max_examples=150,
+    max_examples=75,  # each builds three loaders and runs two or three epochs
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
