@@ -151,10 +151,30 @@ def _held_shared_memory(pid: int, found: dict) -> None:
         obj.holders.add(pid)
 
 
+# Where a line of /proc/PID/maps may map shared memory: a path that starts with one of
+# _SHARED_MEMORY_PATHS (each such line is checked field by field below). A process with
+# MXNet loaded maps a thousand lines, nearly all of them libraries: one search of the whole
+# text instead of a split of each line keeps the leak check, run around every test, quick.
+_MAYBE_SHARED = re.compile(" (?:" + "|".join(re.escape(p) for p in _SHARED_MEMORY_PATHS) + ")")
+
+
+def _maybe_shared_lines(text: str):
+    """The lines of ``text`` (a maps file) in which ``_MAYBE_SHARED`` occurs, each once."""
+    lines, last = [], -1
+    for match in _MAYBE_SHARED.finditer(text):
+        start = text.rfind("\n", 0, match.start()) + 1
+        if start == last:
+            continue
+        end = text.find("\n", match.end())
+        lines.append(text[start : len(text) if end < 0 else end + 1])
+        last = start
+    return lines
+
+
 def _mapped_shared_memory(pid: int, found: dict) -> None:
     """Add to ``found`` the shared memory that process ``pid`` maps."""
     with open(f"/proc/{pid}/maps") as maps:
-        lines = [line.split(None, 5) for line in maps if " /" in line]
+        lines = [line.split(None, 5) for line in _maybe_shared_lines(maps.read())]
     sizes: dict = {}
     for fields in lines:
         if len(fields) < 6 or not fields[5].startswith(_SHARED_MEMORY_PATHS):
@@ -258,17 +278,19 @@ class Snapshot:
         # of the check scans only what the test made: ~90 ms -> ~1 ms a collection, two or
         # more a test (what a test leaves behind is still collected, and still counted).
         gc.freeze()
-        self.children = {p.pid for p in children()}
+        kids = children()  # listed once (it reads every process's /proc entry)
+        self.children = {p.pid for p in kids}
         self.threads = {t.ident for t in our_threads()}
         self.fds = open_fds()
-        self.shared = shared_memory()
+        self.shared = shared_memory([os.getpid()] + [p.pid for p in kids])
         self.shmem = sum(obj.kb for obj in self.shared.values())
         self.leases = outstanding_leases()
 
     def problems(self, check_shmem: bool = True):
         gc.collect()
         out = []
-        extra_children = [p for p in children() if p.pid not in self.children]
+        kids = children()
+        extra_children = [p for p in kids if p.pid not in self.children]
         if extra_children:
             out.append(f"child processes left: {[p.pid for p in extra_children]}")
         extra_threads = [t.name for t in our_threads() if t.ident not in self.threads]
@@ -281,13 +303,14 @@ class Snapshot:
         if fds > self.fds:
             out.append(f"open fds grew from {self.fds} to {fds}")
         if check_shmem:
-            out.extend(self.shared_memory_problems())
+            out.extend(self.shared_memory_problems(kids))
         return out
 
-    def shared_memory_problems(self):
-        """Slots of shardloader's that the test's processes still map or hold, however small,
-        and other shared memory of theirs grown past the tolerance."""
-        shared = shared_memory()
+    def shared_memory_problems(self, kids=None):
+        """Slots of shardloader's that the test's processes (this one and ``kids``, by default
+        its children now) still map or hold, however small, and other shared memory of theirs
+        grown past the tolerance."""
+        shared = shared_memory(None if kids is None else [os.getpid()] + [p.pid for p in kids])
         out = []
         slots = [obj for key, obj in shared.items() if obj.ours and key not in self.shared]
         if slots:
