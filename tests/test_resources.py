@@ -92,9 +92,9 @@ def test_a_slot_above_the_bound_is_returned_not_kept(no_leaks, monkeypatch):
 def test_close_from_another_thread_wakes_the_waiter(no_leaks, mode):
     # A thread cannot be stopped inside __getitem__: keep its sleep short enough for the
     # leak check to see it end (thread workers make their first batches one after the
-    # other, so two batches of two samples: 4 s). The first batch comes 2 s in; the loader
+    # other, so two batches of two samples: 5 s). The first batch comes 2.5 s in; the loader
     # is closed 0.75 s in.
-    data = SlowDataset(8, seconds=30.0 if mode == "process" else 1.0)
+    data = SlowDataset(8, seconds=30.0 if mode == "process" else 1.25)
     loader = DataLoader(data, batch_size=2, timeout=None, **MODES[mode])
     it = iter(loader)
     outcome = []
