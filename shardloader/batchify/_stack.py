@@ -142,44 +142,41 @@ def _stack_arrays(
     Returns ``None`` when the arrays hold no numbers (strings, objects).
     """
     first = data[0]
-    if (
+    # The common case, numpy samples of one shape and dtype, is joined along the samples'
+    # first axis into a flat view of the buffer, with no view per sample. Otherwise each
+    # sample becomes a (1, ...) view, and numpy finds the dtype and checks the shapes.
+    uniform = (
         type(first) is np.ndarray
-        and first.ndim
+        and first.ndim > 0
         and set(map(type, data)) == {np.ndarray}
         and len({(a.shape, a.dtype) for a in data}) == 1
-    ):
-        # The common case, numpy samples of one shape and dtype: one concatenate along the
-        # first axis of the buffer, with no view per sample.
-        if first.dtype.kind in _NON_NUMERIC_KINDS:
+    )
+    if uniform:
+        parts, found, shape = data, first.dtype, first.shape
+    else:
+        parts = [
+            a[None] if type(a) is np.ndarray else _array_sample(a, position, owner)[None]
+            for position, a in enumerate(data)
+        ]
+        try:
+            found = np.result_type(*parts)
+        except TypeError:  # no common dtype, e.g. strings and numbers
             return None
-        if dtype is None:
-            dtype = _output_dtype(first.dtype)
-        buf = _alloc.empty((len(data),) + first.shape, dtype)
-        flat = buf.reshape((len(data) * first.shape[0],) + first.shape[1:])
-        np.concatenate(data, out=flat, casting="unsafe")
-        return buf
-    # One pass: a (1, ...) view of every sample, ready to concatenate into the output buffer.
-    views = [
-        a[None] if type(a) is np.ndarray else _array_sample(a, position, owner)[None]
-        for position, a in enumerate(data)
-    ]
-    try:
-        found = np.result_type(*views)
-    except TypeError:  # no common dtype, e.g. strings and numbers
-        return None
+        shape = parts[0].shape[1:]
     if found.kind in _NON_NUMERIC_KINDS:
         return None
     if dtype is None:
         dtype = _output_dtype(found)
-    buf = _alloc.empty((len(views),) + views[0].shape[1:], dtype)
+    buf = _alloc.empty((len(data),) + shape, dtype)
+    out = buf.reshape((len(data) * shape[0],) + shape[1:]) if uniform else buf
     try:
-        np.concatenate(views, out=buf, casting="unsafe")
+        np.concatenate(parts, out=out, casting="unsafe")
         return buf
     except ValueError as exc:
         # numpy checks the shapes for us; only a failure pays for finding the culprit.
         refused = exc
     # Outside the except clause, so that numpy's message does not lengthen the traceback.
-    _check_same_shapes([v[0] for v in views])
+    _check_same_shapes([v[0] for v in parts])  # (a uniform batch never gets here)
     raise refused
 
 
