@@ -240,7 +240,8 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
     stacking micro-benchmark), ``jpeg_per_sample`` (W5's single-process rate through Gluon's
     pipeline), ``fused_per_sample`` (decode + crop in shardloader's fused image code, one
     process), ``jpeg_records`` (writes W5's records if they are missing) and ``jpeg_folder``
-    (writes W7's class folders if they are missing).
+    (writes W7's class folders if they are missing) and ``placement`` (one cell of
+    :mod:`benchmarks.gpu`).
     """
     if "task" in case_dict:
         kwargs = dict(case_dict)
@@ -260,6 +261,7 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
 
 
 def _tasks() -> Dict[str, Callable[..., Dict[str, Any]]]:
+    from .gpu import placement
     from .images import fused_per_sample, jpeg_folder, jpeg_per_sample, jpeg_records
     from .micro import stacking
 
@@ -275,6 +277,7 @@ def _tasks() -> Dict[str, Callable[..., Dict[str, Any]]]:
         "fused_per_sample": fused_per_sample,
         "jpeg_records": records,
         "jpeg_folder": folders,
+        "placement": placement,
     }
 
 
