@@ -384,6 +384,103 @@ def test_every_start_method_works(method):
         assert labels(loader) == list(range(20))
 
 
+class HandedOverDataset(RangeDataset):
+    """1 MiB of state (more than a pipe holds). Pickling it counts, here; unpickling it, in
+    a worker, writes down how many of the loader's workers exist by then."""
+
+    pickled = 0
+
+    def __init__(self, n, log):
+        super().__init__(n)
+        self.log, self.ballast = str(log), bytes(1 << 20)
+
+    def __getstate__(self):
+        type(self).pickled += 1
+        return self.__dict__
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        siblings = [
+            p
+            for p in psutil.Process(os.getppid()).children()
+            if "spawn_main" in " ".join(p.cmdline())
+        ]
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {len(siblings)}\n")
+
+
+def test_spawned_workers_start_together_and_the_dataset_is_pickled_once(tmp_path):
+    """Under spawn (and forkserver), the dataset goes to each worker over its pipe once
+    every worker has started: passed to Process.start() instead, it would make each start
+    wait for the last worker to import MXNet and read it (a payload over a pipe's buffer)."""
+    log = tmp_path / "unpickled"
+    HandedOverDataset.pickled = 0
+    dataset = HandedOverDataset(12, log)
+    with ShardedDataLoader(dataset, batch_size=3, num_workers=2, start_method="spawn") as loader:
+        assert labels(loader) == list(range(12))
+        pids = sorted(loader.worker_pids())
+    assert HandedOverDataset.pickled == 1
+    seen = dict(line.split() for line in log.read_text().splitlines())
+    assert sorted(int(pid) for pid in seen) == pids
+    # When each worker read the dataset, both workers had been started.
+    assert set(seen.values()) == {"2"}, seen
+
+
+_NO_MAIN_GUARD = """
+import numpy as np
+from shardloader import DataLoader, WorkerDiedError
+
+data = np.zeros((600, 1000), "float32")  # 2.4 MB, pickled: more than a pipe holds
+loader = DataLoader(data, batch_size=50, num_workers=1, start_method="spawn")
+try:
+    next(iter(loader))
+except WorkerDiedError as exc:
+    print("WorkerDiedError", "exited with code 1" in str(exc))
+finally:
+    loader.close()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_spawn_script_without_a_main_guard_fails_and_does_not_hang(tmp_path):
+    """Without ``if __name__ == "__main__":``, a spawned worker runs the script again and
+    dies before it reads its start-up data. ``Process.start()`` writes that data while it
+    still holds the pipe's read end, so with a dataset over a pipe's buffer it used to wait
+    forever; the dataset now travels on the worker's own pipe, whose write fails."""
+    script = tmp_path / "train.py"
+    script.write_text(_NO_MAIN_GUARD)
+    root = os.path.dirname(HERE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["WorkerDiedError", "True"], (run.stdout, run.stderr[-2000:])
+
+
+class UnloadableDataset(RangeDataset):
+    def __setstate__(self, state):
+        raise ValueError("cannot open /data/train.rec from here")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_that_does_not_unpickle_in_the_worker_is_a_failed_start(method):
+    loader = ShardedDataLoader(
+        UnloadableDataset(8), batch_size=4, num_workers=1, start_method=method
+    )
+    with loader, pytest.raises(WorkerDiedError) as info:
+        list(loader)
+    text = str(info.value)
+    assert "worker 0 stopped: unpickling the dataset, batchify_fn and worker_init_fn raised" in text
+    assert "ValueError: cannot open /data/train.rec from here" in text, text
+    assert "a worker whose start failed is not restarted" in text, text
+
+
 # ----------------------------------------------------------------- resources stay flat
 
 

@@ -29,7 +29,8 @@ epoch          an epoch's source: inline (``InlineEpoch``) or over the router
 router         the only door to the pool: ``open``/``dispatch``/``take``/``close``; one reorder
                buffer per epoch, the registry of outstanding work, worker death and restart
 timing         every timing constant of the data path
-pools          one ``Pool`` protocol; ``pools.process`` and ``pools.thread``
+pools          one ``Pool`` protocol; ``pools.process`` and ``pools.thread``;
+               ``pools.lifecycle`` starts (all at once), stops and reaps worker processes
 protocol       every message: ``Task``/``Result``/``WorkerLost``, and the worker pipe's
 worker         the one worker loop, for threads and processes; ``get_worker_info``
 batch          ``BatchMaker``: a batch's samples, seeded, and batchify

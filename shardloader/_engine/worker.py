@@ -313,14 +313,24 @@ def _slot_maker(maker: BatchMaker, ring: WorkerSide, native: bool, channel: _Pip
     return make
 
 
+class Payload(NamedTuple):
+    """The user's objects a worker process runs: inherited under ``fork``, pickled once and
+    sent on the pipe under ``spawn`` and ``forkserver`` (see ``pools.lifecycle``)."""
+
+    dataset: Any
+    batchify_fn: Callable
+    worker_init_fn: Optional[Callable]
+
+
 class ProcessSetup(NamedTuple):
-    """Everything a worker process needs, sent once when it starts."""
+    """Everything a worker process needs, given when it starts. ``info.dataset`` is None
+    here: the dataset is the payload's. Without a ``payload`` (``spawn``, ``forkserver``),
+    it is the first message on the pipe."""
 
     info: WorkerInfo
-    batchify_fn: Callable
+    payload: Optional[Payload]
     native_batchify: bool  # batchify_fn may allocate its output in shared memory
     entropy: int
-    worker_init_fn: Optional[Callable]
     parent_pid: int
     inherited_fds: Sequence[int]  # what a forked worker lets go of (ipc.inherit)
     mxnet_per_sample: bool
@@ -329,11 +339,23 @@ class ProcessSetup(NamedTuple):
     forked_by_parent: bool  # parent_pid is this process's parent (not a forkserver)
 
 
+def _receive_payload(conn) -> Payload:
+    """Read the pickled ``Payload`` off the pipe. One that does not unpickle here (a class
+    the main script defines and this process cannot import, a ``__setstate__`` that raises)
+    is a failure to start."""
+    data = conn.recv_bytes()
+    try:
+        return Payload(*reduction.ForkingPickler.loads(data))
+    except BaseException as exc:  # noqa: BLE001 - reported as the worker's failure to start
+        raise _StartError("unpickling the dataset, batchify_fn and worker_init_fn") from exc
+
+
 def process_worker_main(setup: ProcessSetup, conn) -> None:
     """Entry point of a worker process (messages: ``protocol``)."""
     # Ctrl-C belongs to the main process, which shuts the workers down itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     info = setup.info
+    payload = setup.payload
     if setup.death_signal:
         parent = setup.parent_pid if setup.forked_by_parent else None
         arm = parent_death_signal(signal.SIGKILL, parent)
@@ -342,7 +364,13 @@ def process_worker_main(setup: ProcessSetup, conn) -> None:
     inherit.forget(conn.fileno(), setup.inherited_fds)
     start_lifeline(setup.parent_pid, setup.forked_by_parent)
     try:
-        _start(info, lambda: seed_worker(info.id, info.seed, setup.entropy), setup.worker_init_fn)
+        if payload is None:
+            payload = _receive_payload(conn)
+        info = info._replace(dataset=payload.dataset)
+        _start(info, lambda: seed_worker(info.id, info.seed, setup.entropy), payload.worker_init_fn)
+    except (EOFError, OSError):
+        conn.close()  # the main process went away (or closed the pool) before handing over
+        return
     except _StartError as failed:
         # Said to the main process, which reports it as this worker's end (and does not
         # restart a worker whose start fails); nothing is printed here.
@@ -354,8 +382,8 @@ def process_worker_main(setup: ProcessSetup, conn) -> None:
         conn.close()
         return
     maker = BatchMaker(
-        info.dataset,
-        setup.batchify_fn,
+        payload.dataset,
+        payload.batchify_fn,
         info.seed,
         mxnet_per_sample=setup.mxnet_per_sample,
         numpy_flags=setup.numpy_flags,

@@ -1,8 +1,8 @@
 """The process pool: ``num_workers`` processes, each given the dataset once, at start-up.
 
 Messages on each worker's pipe are ``protocol``'s; slots (shared memory) are adopted into
-the pool's ``ipc.table.SlotTable`` as they arrive. The shutdown protocol is the one in
-``pools``' docstring.
+the pool's ``ipc.table.SlotTable`` as they arrive. Starting, stopping and reaping the
+processes is ``lifecycle``'s; the shutdown protocol is the one in ``pools``' docstring.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import os
 import pickle
 import select
 import threading
-import time
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..._errors import WorkerError
 from .. import pickling, protocol, timing
@@ -27,52 +26,11 @@ from ..ipc.fds import receive_fd
 from ..ipc.sides import MainSide
 from ..ipc.table import SlotTable
 from ..protocol import Failed, Release, Reply, Result, Task, Work, WorkerLost
-from ..worker import ProcessSetup, WorkerInfo, process_worker_main
-from . import finalizing, fresh_entropy
+from ..worker import Payload, ProcessSetup, WorkerInfo, process_worker_main
+from . import fresh_entropy, lifecycle
+from .lifecycle import WorkerProcess
 
 _worker_keys = itertools.count()
-
-# Every open process pool in this process: their pipes are what a forked worker must let go
-# of (ipc.inherit).
-_live_pools: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
-
-
-class _ProcWorker:
-    __slots__ = ("id", "key", "process", "conn", "owes", "failed")
-
-    def __init__(self, worker_id: int, key: int, process, conn) -> None:
-        self.id, self.key, self.process, self.conn = worker_id, key, process, conn
-        # (iter_id, seq) of each batch sent and not yet answered: what it owes if it dies
-        # (the router's registry has the rest: indices, epoch, retries).
-        self.owes: Set[Tuple[int, int]] = set()
-        self.failed: Optional[Failed] = None  # it could not start, and said why
-
-
-def _shutdown_processes(workers: Dict[int, _ProcWorker], table: MainSide, owner: int) -> None:
-    """Idempotent teardown shared by close() and the garbage-collection finalizer. A no-op
-    in any process but the pool's owner: a child made with ``os.fork()`` runs this at its
-    exit, and must not stop (or join, or unmap for) its parent's workers."""
-    if os.getpid() != owner:
-        return
-    procs = list(workers.values())
-    workers.clear()
-    for w in procs:
-        try:
-            w.conn.send_bytes(protocol.encode(protocol.STOP))
-        except (OSError, ValueError):
-            pass
-    if not finalizing():
-        deadline = time.monotonic() + timing.JOIN_TIMEOUT_S
-        for w in procs:
-            w.process.join(max(0.0, deadline - time.monotonic()))
-    for w in procs:
-        if w.process.is_alive():
-            w.process.terminate()
-    for w in procs:
-        if not finalizing():
-            w.process.join(timing.TERMINATE_TIMEOUT_S)
-        _reap(w)
-    table.close()
 
 
 class ProcessPool:
@@ -103,67 +61,79 @@ class ProcessPool:
         self._worker_init_fn = worker_init_fn
         self._ctx = mp.get_context(start_method)
         self._entropy = fresh_entropy()
-        self._workers: Dict[int, _ProcWorker] = {}
+        self._workers: Dict[int, WorkerProcess] = {}
         # (worker keys, select.poll, fd -> (worker, is_pipe)): see _poller.
         self._polled: Optional[Tuple[Tuple[int, ...], Any, Dict]] = None
         self._table: MainSide = SlotTable()
         self._lock = threading.RLock()
         self._closed = False
-        # A worker whose seeding or worker_init_fn raised is not restarted: it would most
-        # likely fail again, as a thread worker's would (invariant 6).
+        # A worker that could not start (its dataset did not unpickle, or its seeding or
+        # worker_init_fn raised) is not restarted: it would most likely fail again, as a
+        # thread worker's would (invariant 6).
         self._start_failed = False
         self._owner = os.getpid()  # a forked child gets a copy of this pool, not its workers
         self._finalizer = weakref.finalize(
-            self, _shutdown_processes, self._workers, self._table, self._owner
+            self, lifecycle.shutdown, self._workers, self._table, self._owner
         )
-        _register_fork_handler()
-        _live_pools.add(self)
+        lifecycle.track(self)
+        method = self._ctx.get_start_method()
+        # Under spawn and forkserver the dataset travels: pickled once, written to every
+        # worker once all of them have started (see lifecycle).
+        payload = self._payload(method)
         for worker_id in range(num_workers):
-            self._spawn(worker_id)
+            self._spawn(worker_id, handed_over=payload is not None)
+        if payload is not None:
+            lifecycle.hand_over(self._workers.values(), payload)
 
     # -- lifecycle
-    def _spawn(self, worker_id: int, entropy: Optional[int] = None) -> None:
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+    def _user_objects(self) -> Payload:
+        return Payload(self._dataset, self._batchify_fn, self._worker_init_fn)
+
+    def _payload(self, method: str) -> Optional[bytes]:
+        """The dataset, batchify_fn and worker_init_fn, pickled, for ``spawn`` and
+        ``forkserver`` (None under ``fork``: the workers inherit them)."""
+        if method == "fork":
+            return None
+        try:
+            return lifecycle.pickled(self._user_objects())
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise self._unpicklable(method, exc) from exc
+
+    def _spawn(self, worker_id: int, *, handed_over: bool, entropy: Optional[int] = None) -> None:
+        """Start worker ``worker_id``. ``handed_over``: it gets the dataset, batchify_fn
+        and worker_init_fn from ``lifecycle.hand_over``, not with its start-up data."""
         method = self._ctx.get_start_method()
         # A forked worker inherits the main process's ends of every pool's pipes (its own
         # included) and its mappings of every pool's slots: it lets go of them at once, so
         # that closing a pool frees its memory and its workers see the end of their pipes.
-        foreign_fds = inherit.foreign_fds(parent_conn, _live_pools) if method == "fork" else []
         # The parent-death signal follows the thread that forks: only a thread that lives as
         # long as the process (the main thread; a forkserver's) may arm it. Every worker
         # also watches the main process itself (see worker).
         death_signal = method == "forkserver" or (
             threading.current_thread() is threading.main_thread()
         )
-        setup = ProcessSetup(
-            info=WorkerInfo(worker_id, self.num_workers, self._seed, self._dataset),
-            batchify_fn=self._batchify_fn,
-            native_batchify=self._native_batchify,
-            entropy=self._entropy if entropy is None else entropy,
-            worker_init_fn=self._worker_init_fn,
-            parent_pid=os.getpid(),
-            inherited_fds=foreign_fds,
-            mxnet_per_sample=self._mxnet_per_sample,
-            numpy_flags=self._numpy_flags,
-            death_signal=death_signal,
-            forked_by_parent=method != "forkserver",
+
+        def setup(parent_conn) -> ProcessSetup:
+            foreign = (
+                inherit.foreign_fds(parent_conn, lifecycle.tracked()) if method == "fork" else []
+            )
+            return ProcessSetup(
+                info=WorkerInfo(worker_id, self.num_workers, self._seed, None),
+                payload=None if handed_over else self._user_objects(),
+                native_batchify=self._native_batchify,
+                entropy=self._entropy if entropy is None else entropy,
+                parent_pid=os.getpid(),
+                inherited_fds=foreign,
+                mxnet_per_sample=self._mxnet_per_sample,
+                numpy_flags=self._numpy_flags,
+                death_signal=death_signal,
+                forked_by_parent=method != "forkserver",
+            )
+
+        key = next(_worker_keys)
+        self._workers[worker_id] = lifecycle.launch(
+            self._ctx, worker_id, key, process_worker_main, setup
         )
-        # get_context(str) is typed as the base class, which lacks Process; every real
-        # context (fork, spawn, forkserver) has it.
-        process = self._ctx.Process(  # type: ignore[attr-defined]
-            target=process_worker_main,
-            args=(setup, child_conn),
-            name=f"shardloader-worker-{worker_id}",
-            daemon=True,
-        )
-        try:
-            process.start()
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            parent_conn.close()
-            child_conn.close()
-            raise self._unpicklable(method, exc) from exc
-        child_conn.close()
-        self._workers[worker_id] = _ProcWorker(worker_id, next(_worker_keys), process, parent_conn)
 
     def _unpicklable(self, method: str, exc: Exception) -> TypeError:
         """The error for a worker that could not start because its start-up data does not
@@ -184,10 +154,13 @@ class ProcessPool:
             old = self._workers.pop(worker_id, None)
             if old is not None:
                 self._table.forget_worker(old.key)
-                _reap(old)
+                lifecycle.reap(old)
+            payload = self._payload(self._ctx.get_start_method())
             # Fresh entropy: without a seed, the new worker must not replay the draws of the
             # one it replaces (with a seed, seeding before each sample decides them anyway).
-            self._spawn(worker_id, entropy=fresh_entropy())
+            self._spawn(worker_id, handed_over=payload is not None, entropy=fresh_entropy())
+            if payload is not None:
+                lifecycle.hand_over([self._workers[worker_id]], payload)
 
     @property
     def closed(self) -> bool:
@@ -204,11 +177,14 @@ class ProcessPool:
 
     def close(self) -> None:
         if os.getpid() != self._owner:
-            return  # a forked child's copy: the workers are the parent's (see _shutdown_processes)
+            return  # a forked child's copy: the workers are the parent's (lifecycle.shutdown)
         with self._lock:
             self._closed = True
-            _live_pools.discard(self)
+            lifecycle.untrack(self)
             self._finalizer()
+
+    def processes(self) -> List[Any]:
+        return [w.process for w in list(self._workers.values())]
 
     def pids(self) -> List[int]:
         return [w.process.pid for w in self._workers.values()]
@@ -280,14 +256,14 @@ class ProcessPool:
                 lost.append(self._bury(w))
             return results, lost
 
-    def _poller(self) -> Tuple[Any, Dict[int, Tuple[_ProcWorker, bool]]]:
+    def _poller(self) -> Tuple[Any, Dict[int, Tuple[WorkerProcess, bool]]]:
         """A ``select.poll`` over every worker's pipe and process sentinel, and what each
         descriptor is (its worker, and whether it is the pipe); made again only when the
         workers change (a death, a restart), not on every poll."""
         keys = tuple(w.key for w in self._workers.values())
         if self._polled is None or self._polled[0] != keys:
             poller = select.poll()
-            by_fd: Dict[int, Tuple[_ProcWorker, bool]] = {}
+            by_fd: Dict[int, Tuple[WorkerProcess, bool]] = {}
             for w in self._workers.values():
                 for fd, is_pipe in ((w.conn.fileno(), True), (w.process.sentinel, False)):
                     poller.register(fd, select.POLLIN)
@@ -295,7 +271,7 @@ class ProcessPool:
             self._polled = (keys, poller, by_fd)
         return self._polled[1], self._polled[2]
 
-    def _receive(self, w: _ProcWorker, results: List[Result], block: bool = True) -> bool:
+    def _receive(self, w: WorkerProcess, results: List[Result], block: bool = True) -> bool:
         """Read one ``protocol.Reply`` from ``w``; False when its pipe is closed (it died).
 
         The reply's heads always unpickle, and say how many descriptors follow: all of them
@@ -316,7 +292,7 @@ class ProcessPool:
         except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError):
             for fd in fds:
                 if fd is not None:
-                    _close_fd(fd)
+                    lifecycle.close_fd(fd)
             return False  # the pipe is closed: the worker has gone
         unmapped: Dict[int, Tuple[int, int]] = {}  # slot id -> (errno, capacity)
         for (slot_id, capacity), fd in zip(reply.new_slots, fds):
@@ -332,7 +308,7 @@ class ProcessPool:
         return True
 
     def _unpack(
-        self, w: _ProcWorker, reply: Reply, results: List[Result], unmapped: Dict[int, tuple]
+        self, w: WorkerProcess, reply: Reply, results: List[Result], unmapped: Dict[int, tuple]
     ) -> None:
         """One ``Result`` per head. A payload that does not unpickle here (a class only the
         worker can import) becomes a ``WorkerError`` for that batch; the results after it in
@@ -370,13 +346,13 @@ class ProcessPool:
                     self._table.received(w.key, head.slot_id)
             results.append(Result(head.iter_id, head.seq, ok, payload, head.busy_s, w.id, w.key))
 
-    def _bury(self, w: _ProcWorker) -> WorkerLost:
+    def _bury(self, w: WorkerProcess) -> WorkerLost:
         self._workers.pop(w.id, None)
         pid = w.process.pid
         w.process.join(timing.TERMINATE_TIMEOUT_S)
         exitcode = w.process.exitcode
         self._table.forget_worker(w.key)
-        _reap(w)
+        lifecycle.reap(w)
         owed = sorted(w.owes)
         if w.failed is None:
             return WorkerLost(w.id, pid, exitcode, owed)
@@ -398,51 +374,3 @@ class ProcessPool:
 
 class _DroppedWith(Exception):
     """A payload after an undecodable one in the same reply: not read, dropped with it."""
-
-
-_fork_handler_registered = False
-
-
-def _register_fork_handler() -> None:
-    """Once per process: a child made with ``os.fork()`` forgets every pool's workers."""
-    global _fork_handler_registered
-    if not _fork_handler_registered:
-        os.register_at_fork(after_in_child=_forget_workers_in_child)
-        _fork_handler_registered = True
-
-
-def _forget_workers_in_child() -> None:
-    """In a child made with ``os.fork()``: take the parent's worker processes out of
-    multiprocessing's table of this process's children. Otherwise multiprocessing's exit
-    hook, which runs when the child exits normally, would SIGTERM them (they are daemonic)
-    and then fail to join them ("can only join a child process"). A worker started with
-    multiprocessing resets that table itself; a bare ``os.fork()`` does not, and the stdlib
-    has no public way to say so, hence its private ``_children``."""
-    children = getattr(mp.process, "_children", None)
-    if children is None:
-        return
-    for pool in list(_live_pools):
-        for w in list(pool._workers.values()):
-            children.discard(w.process)
-
-
-def _close_fd(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
-def _reap(w: _ProcWorker) -> None:
-    """Kill ``w`` if it still runs, wait for it, and close its pipe and process handle."""
-    if w.process.is_alive():
-        w.process.kill()
-        w.process.join(timing.TERMINATE_TIMEOUT_S)
-    try:
-        w.conn.close()
-    except OSError:
-        pass
-    try:
-        w.process.close()
-    except ValueError:
-        pass

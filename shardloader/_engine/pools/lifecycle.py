@@ -1,0 +1,184 @@
+"""The life of a process pool's workers: start, hand over the dataset, stop, reap; and what
+a bare ``os.fork()`` of the main process must forget. ``process.ProcessPool`` drives them.
+
+Start-up. Under ``fork`` a worker inherits the dataset, the batchify function and the
+``worker_init_fn``. Under ``spawn`` and ``forkserver`` they must travel: they are pickled
+once (``pickled``), every worker is started (``launch``), and only then is the
+payload written to each worker's pipe (``hand_over``). Handed to ``Process`` as arguments
+instead, they would be written by ``Process.start()``, which waits for the new process to
+read all of them: with a payload larger than a pipe's buffer, the workers would start one
+after another, each waiting for the last to import its modules. The worker reads the
+payload first thing (``worker.process_worker_main``); one that cannot unpickle it says so
+as a failure to start.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import weakref
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+from .. import protocol, timing
+from ..ipc.sides import MainSide
+from ..protocol import Failed
+from . import finalizing
+
+__all__ = [
+    "WorkerProcess",
+    "launch",
+    "pickled",
+    "hand_over",
+    "shutdown",
+    "reap",
+    "close_fd",
+    "track",
+    "untrack",
+    "tracked",
+]
+
+
+class WorkerProcess:
+    """One worker process, seen from the main process."""
+
+    __slots__ = ("id", "key", "process", "conn", "owes", "failed")
+
+    def __init__(self, worker_id: int, key: int, process, conn) -> None:
+        self.id, self.key, self.process, self.conn = worker_id, key, process, conn
+        # (iter_id, seq) of each batch sent and not yet answered: what it owes if it dies
+        # (the router's registry has the rest: indices, epoch, retries).
+        self.owes: Set[Tuple[int, int]] = set()
+        self.failed: Optional[Failed] = None  # it could not start, and said why
+
+
+def pickled(payload: Any) -> bytes:
+    """What a ``spawn`` or ``forkserver`` worker receives on its pipe before anything else
+    (``worker.Payload``), pickled as multiprocessing pickles a process's arguments, with the
+    reducers that MXNet and others register with it. Raises what pickling raises."""
+    return bytes(ForkingPickler.dumps(tuple(payload)))
+
+
+def launch(
+    ctx, worker_id: int, key: int, target, make_setup: Callable[[Any], Any]
+) -> WorkerProcess:
+    """Start ``target(make_setup(parent_conn), child_conn)`` in a new process of ``ctx``,
+    over a fresh pipe (the set-up may name the main process's end: a forked worker lets go
+    of it). Raises what ``Process.start()`` raises, with both pipe ends closed."""
+    parent_conn, child_conn = ctx.Pipe(duplex=True)
+    process = ctx.Process(
+        target=target,
+        args=(make_setup(parent_conn), child_conn),
+        name=f"shardloader-worker-{worker_id}",
+        daemon=True,
+    )
+    try:
+        process.start()
+    except BaseException:
+        parent_conn.close()
+        child_conn.close()
+        raise
+    child_conn.close()
+    return WorkerProcess(worker_id, key, process, parent_conn)
+
+
+def hand_over(workers: Iterable[WorkerProcess], payload: bytes) -> None:
+    """Write ``payload`` to each worker's pipe, in turn: each write returns once that worker
+    has read it, and the workers start meanwhile, all at once. A worker that died before
+    reading it is left to the pool's ``poll()``, which reports its death."""
+    for w in workers:
+        try:
+            w.conn.send_bytes(payload)
+        except (OSError, ValueError):
+            pass
+
+
+def shutdown(workers: Dict[int, WorkerProcess], table: MainSide, owner: int) -> None:
+    """Idempotent teardown shared by close() and the garbage-collection finalizer. A no-op
+    in any process but the pool's owner: a child made with ``os.fork()`` runs this at its
+    exit, and must not stop (or join, or unmap for) its parent's workers."""
+    if os.getpid() != owner:
+        return
+    procs = list(workers.values())
+    workers.clear()
+    for w in procs:
+        try:
+            w.conn.send_bytes(protocol.encode(protocol.STOP))
+        except (OSError, ValueError):
+            pass
+    if not finalizing():
+        deadline = time.monotonic() + timing.JOIN_TIMEOUT_S
+        for w in procs:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+    for w in procs:
+        if w.process.is_alive():
+            w.process.terminate()
+    for w in procs:
+        if not finalizing():
+            w.process.join(timing.TERMINATE_TIMEOUT_S)
+        reap(w)
+    table.close()
+
+
+def close_fd(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def reap(w: WorkerProcess) -> None:
+    """Kill ``w`` if it still runs, wait for it, and close its pipe and process handle."""
+    if w.process.is_alive():
+        w.process.kill()
+        w.process.join(timing.TERMINATE_TIMEOUT_S)
+    try:
+        w.conn.close()
+    except OSError:
+        pass
+    try:
+        w.process.close()
+    except ValueError:
+        pass
+
+
+# ------------------------------------------------------------------------ a bare os.fork()
+_fork_handler_registered = False
+_tracked: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track(pool) -> None:
+    """Count ``pool`` among the open pools until ``untrack``: a child made with
+    ``os.fork()`` takes ``pool.processes()`` out of its table of children (see
+    ``_forget_workers_in_child``), and a forked worker lets go of ``pool.connections()``
+    (``ipc.inherit``)."""
+    global _fork_handler_registered
+    if not _fork_handler_registered:
+        os.register_at_fork(after_in_child=_forget_workers_in_child)
+        _fork_handler_registered = True
+    _tracked.add(pool)
+
+
+def untrack(pool) -> None:
+    _tracked.discard(pool)
+
+
+def tracked() -> List[Any]:
+    """The open process pools of this process."""
+    return list(_tracked)
+
+
+def _forget_workers_in_child() -> None:
+    """In a child made with ``os.fork()``: take the parent's worker processes out of
+    multiprocessing's table of this process's children. Otherwise multiprocessing's exit
+    hook, which runs when the child exits normally, would SIGTERM them (they are daemonic)
+    and then fail to join them ("can only join a child process"). A worker started with
+    multiprocessing resets that table itself; a bare ``os.fork()`` does not, and the stdlib
+    has no public way to say so, hence its private ``_children``."""
+    children = getattr(mp.process, "_children", None)
+    if children is None:
+        return
+    for pool in list(_tracked):
+        for process in pool.processes():
+            children.discard(process)
