@@ -85,8 +85,13 @@ class Stage:
 
     def close(self) -> None:
         """End this stage and its sources; advancing it afterwards raises
-        ``ClosedIteratorError``. Idempotent."""
+        ``ClosedIteratorError``. Idempotent. A ``__next__`` waiting on another thread is
+        cancelled first: it raises ``ClosedIteratorError`` at its next check instead of
+        waiting again, so it cannot keep the locks that releasing the stage needs (it
+        would otherwise hold the router's lock between two short waits, and a close from
+        another thread could wait for the next batch)."""
         self._closed = True
+        self.cancel()
         self._end()
 
     def cancel(self) -> None:
