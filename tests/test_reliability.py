@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import pickle
 import signal
@@ -385,18 +386,12 @@ def test_every_start_method_works(method):
 
 
 class HandedOverDataset(RangeDataset):
-    """1 MiB of state (more than a pipe holds). Pickling it counts, here; unpickling it, in
-    a worker, writes down how many of the loader's workers exist by then."""
-
-    pickled = 0
+    """1 MiB of state (more than a pipe holds). Unpickling it, in a worker, writes down how
+    many of the loader's workers exist by then."""
 
     def __init__(self, n, log):
         super().__init__(n)
         self.log, self.ballast = str(log), bytes(1 << 20)
-
-    def __getstate__(self):
-        type(self).pickled += 1
-        return self.__dict__
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -409,21 +404,75 @@ class HandedOverDataset(RangeDataset):
             f.write(f"{os.getpid()} {len(siblings)}\n")
 
 
-def test_spawned_workers_start_together_and_the_dataset_is_pickled_once(tmp_path):
+def test_spawned_workers_start_together(tmp_path):
     """Under spawn (and forkserver), the dataset goes to each worker over its pipe once
     every worker has started: passed to Process.start() instead, it would make each start
     wait for the last worker to import MXNet and read it (a payload over a pipe's buffer)."""
     log = tmp_path / "unpickled"
-    HandedOverDataset.pickled = 0
     dataset = HandedOverDataset(12, log)
     with ShardedDataLoader(dataset, batch_size=3, num_workers=2, start_method="spawn") as loader:
         assert labels(loader) == list(range(12))
         pids = sorted(loader.worker_pids())
-    assert HandedOverDataset.pickled == 1
     seen = dict(line.split() for line in log.read_text().splitlines())
     assert sorted(int(pid) for pid in seen) == pids
     # When each worker read the dataset, both workers had been started.
     assert set(seen.values()) == {"2"}, seen
+
+
+class SharedCounterDataset(RangeDataset):
+    """Holds a lock and a shared counter, which multiprocessing lets a new process have."""
+
+    def __init__(self, n, method):
+        super().__init__(n)
+        ctx = multiprocessing.get_context(method)
+        self.lock, self.count = ctx.Lock(), ctx.Value("i", 0)
+
+    def __getitem__(self, i):
+        with self.lock:
+            self.count.value += 1
+        return super().__getitem__(i)
+
+
+@pytest.fixture(scope="module")
+def fd_sharing():
+    """multiprocessing's process-wide resources that a pickled descriptor brings: the
+    resource sharer's socket and thread, started at its first use, and kept (module scope:
+    before the leak check's first count)."""
+    from multiprocessing import resource_sharer
+
+    fd = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.close(resource_sharer.DupFd(fd).detach())
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture(scope="module")
+def counter_dataset(fd_sharing):
+    return SharedCounterDataset(12, "forkserver")  # its shared value's memory stays open
+
+
+def test_a_dataset_with_a_lock_and_a_shared_value_reaches_forkserver_workers(counter_dataset):
+    dataset = counter_dataset
+    with ShardedDataLoader(
+        dataset, batch_size=3, num_workers=2, start_method="forkserver"
+    ) as loader:
+        assert labels(loader) == list(range(12))
+    assert dataset.count.value == 12
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_of_mxnet_arrays_reaches_every_worker(method, fd_sharing):
+    """MXNet pickles an array as a descriptor of shared memory, which a process can fetch
+    once: each worker gets its own pickling (under spawn it used to fail to map it)."""
+    import mxnet as mx
+    from mxnet.gluon.data import ArrayDataset
+
+    dataset = ArrayDataset(mx.nd.arange(24).reshape((12, 2)), mx.nd.arange(12))
+    with ShardedDataLoader(dataset, batch_size=3, num_workers=2, start_method=method) as loader:
+        steps = list(loader)
+    assert [int(v) for _, y in steps for v in y.asnumpy()] == list(range(12))
+    assert [float(v) for x, _ in steps for v in x.asnumpy().ravel()] == list(range(24))
 
 
 _NO_MAIN_GUARD = """

@@ -314,8 +314,8 @@ def _slot_maker(maker: BatchMaker, ring: WorkerSide, native: bool, channel: _Pip
 
 
 class Payload(NamedTuple):
-    """The user's objects a worker process runs: inherited under ``fork``, pickled once and
-    sent on the pipe under ``spawn`` and ``forkserver`` (see ``pools.lifecycle``)."""
+    """The user's objects a worker process runs: inherited under ``fork``, pickled and sent
+    on the pipe under ``spawn`` and ``forkserver`` (see ``pools.lifecycle``)."""
 
     dataset: Any
     batchify_fn: Callable

@@ -2,14 +2,21 @@
 a bare ``os.fork()`` of the main process must forget. ``process.ProcessPool`` drives them.
 
 Start-up. Under ``fork`` a worker inherits the dataset, the batchify function and the
-``worker_init_fn``. Under ``spawn`` and ``forkserver`` they must travel: they are pickled
-once (``pickled``), every worker is started (``launch``), and only then is the
-payload written to each worker's pipe (``hand_over``). Handed to ``Process`` as arguments
-instead, they would be written by ``Process.start()``, which waits for the new process to
-read all of them: with a payload larger than a pipe's buffer, the workers would start one
-after another, each waiting for the last to import its modules. The worker reads the
-payload first thing (``worker.process_worker_main``); one that cannot unpickle it says so
-as a failure to start.
+``worker_init_fn``. Under ``spawn`` and ``forkserver`` they must travel: every worker is
+started (``launch``), and only then is each one sent them, pickled, on its pipe
+(``hand_over``). Handed to ``Process`` as arguments instead, they would be written by
+``Process.start()``, which waits for the new process to read all of them: with more than a
+pipe's buffer, the workers would start one after another, each waiting for the last to
+import its modules; and since CPython holds the read end of that pipe while it writes, a
+worker that died first (a script without ``if __name__ == "__main__":``) left ``start()``
+blocked for good. The worker reads the payload first thing (``worker.process_worker_main``);
+one that cannot unpickle it says so as a failure to start.
+
+They are pickled as multiprocessing pickles a process's arguments (``pickled``): locks,
+queues and shared values pickle as they would for ``Process(args=...)``, and a file
+descriptor (a ``Connection``, an MXNet array in shared memory) goes through
+multiprocessing's resource sharer, from which the worker fetches it as it unpickles. A
+descriptor can be fetched once, so each worker gets a pickling of its own.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ import multiprocessing as mp
 import os
 import time
 import weakref
+from multiprocessing import context, resource_sharer
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .. import protocol, timing
 from ..ipc.sides import MainSide
@@ -53,11 +61,30 @@ class WorkerProcess:
         self.failed: Optional[Failed] = None  # it could not start, and said why
 
 
+class _Spawning:
+    """Stands for the process being started while its payload is pickled, as
+    multiprocessing's reducers expect (``context.get_spawning_popen()``): see the module
+    docstring."""
+
+    @staticmethod
+    def duplicate_for_child(fd: int) -> int:
+        return fd
+
+    @staticmethod
+    def DupFd(fd: int) -> Any:  # noqa: N802 - the name multiprocessing calls
+        return resource_sharer.DupFd(fd)
+
+
 def pickled(payload: Any) -> bytes:
-    """What a ``spawn`` or ``forkserver`` worker receives on its pipe before anything else
-    (``worker.Payload``), pickled as multiprocessing pickles a process's arguments, with the
-    reducers that MXNet and others register with it. Raises what pickling raises."""
-    return bytes(ForkingPickler.dumps(tuple(payload)))
+    """``payload`` (``worker.Payload``) as one ``spawn`` or ``forkserver`` worker receives
+    it on its pipe before anything else. Raises what pickling raises."""
+    previous = context.get_spawning_popen()
+    # typeshed lists the real Popen classes; what the reducers call is the two methods above.
+    context.set_spawning_popen(_Spawning())  # type: ignore[arg-type]
+    try:
+        return bytes(ForkingPickler.dumps(tuple(payload)))
+    finally:
+        context.set_spawning_popen(previous)
 
 
 def launch(
@@ -83,15 +110,13 @@ def launch(
     return WorkerProcess(worker_id, key, process, parent_conn)
 
 
-def hand_over(workers: Iterable[WorkerProcess], payload: bytes) -> None:
-    """Write ``payload`` to each worker's pipe, in turn: each write returns once that worker
-    has read it, and the workers start meanwhile, all at once. A worker that died before
-    reading it is left to the pool's ``poll()``, which reports its death."""
-    for w in workers:
-        try:
-            w.conn.send_bytes(payload)
-        except (OSError, ValueError):
-            pass
+def hand_over(w: WorkerProcess, payload: bytes) -> None:
+    """Write ``payload`` to ``w``'s pipe; it returns once the worker has read it. A worker
+    that died before reading it is left to the pool's ``poll()``, which reports its death."""
+    try:
+        w.conn.send_bytes(payload)
+    except (OSError, ValueError):
+        pass
 
 
 def shutdown(workers: Dict[int, WorkerProcess], table: MainSide, owner: int) -> None:

@@ -77,23 +77,25 @@ class ProcessPool:
         )
         lifecycle.track(self)
         method = self._ctx.get_start_method()
-        # Under spawn and forkserver the dataset travels: pickled once, written to every
-        # worker once all of them have started (see lifecycle).
-        payload = self._payload(method)
+        # Under spawn and forkserver the dataset travels: sent to each worker once all of
+        # them have started (see lifecycle). The first pickling, before any worker starts,
+        # is where a dataset that does not pickle is refused.
+        first = None if method == "fork" else self._pickled(method)
         for worker_id in range(num_workers):
-            self._spawn(worker_id, handed_over=payload is not None)
-        if payload is not None:
-            lifecycle.hand_over(self._workers.values(), payload)
+            self._spawn(worker_id, handed_over=first is not None)
+        if first is not None:
+            workers = list(self._workers.values())
+            lifecycle.hand_over(workers[0], first)
+            for w in workers[1:]:
+                lifecycle.hand_over(w, self._pickled(method))
 
     # -- lifecycle
     def _user_objects(self) -> Payload:
         return Payload(self._dataset, self._batchify_fn, self._worker_init_fn)
 
-    def _payload(self, method: str) -> Optional[bytes]:
-        """The dataset, batchify_fn and worker_init_fn, pickled, for ``spawn`` and
-        ``forkserver`` (None under ``fork``: the workers inherit them)."""
-        if method == "fork":
-            return None
+    def _pickled(self, method: str) -> bytes:
+        """The dataset, batchify_fn and worker_init_fn, pickled for one ``spawn`` or
+        ``forkserver`` worker (under ``fork`` the workers inherit them)."""
         try:
             return lifecycle.pickled(self._user_objects())
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -155,12 +157,13 @@ class ProcessPool:
             if old is not None:
                 self._table.forget_worker(old.key)
                 lifecycle.reap(old)
-            payload = self._payload(self._ctx.get_start_method())
+            method = self._ctx.get_start_method()
+            payload = None if method == "fork" else self._pickled(method)
             # Fresh entropy: without a seed, the new worker must not replay the draws of the
             # one it replaces (with a seed, seeding before each sample decides them anyway).
             self._spawn(worker_id, handed_over=payload is not None, entropy=fresh_entropy())
             if payload is not None:
-                lifecycle.hand_over([self._workers[worker_id]], payload)
+                lifecycle.hand_over(self._workers[worker_id], payload)
 
     @property
     def closed(self) -> bool:
