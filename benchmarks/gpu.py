@@ -111,7 +111,7 @@ def _build(
 
 
 def placement(
-    workload: str, variant: str, device: str, workers: int, samples: int
+    workload: str, variant: str, device: str, workers: int, samples: int, min_time_s: float
 ) -> Dict[str, Any]:
     """One cell, timed by :func:`benchmarks.harness.time_loader` (run in a fresh process by
     :func:`benchmarks.harness.run_isolated`, as the task ``placement``)."""
@@ -123,7 +123,9 @@ def placement(
         if mx.context.num_gpus() < 1:
             raise RuntimeError("--device gpu, but MXNet sees no GPU (mx.context.num_gpus() == 0)")
     factory, adapt, check = _build(workload, variant, device, workers, samples)
-    return time_loader(factory, adapt=adapt, check=check, expect_samples=samples)
+    return time_loader(
+        factory, adapt=adapt, check=check, expect_samples=samples, min_time_s=min_time_s
+    )
 
 
 def _summary(values: Sequence[float], digits: int = 0) -> str:
@@ -163,12 +165,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--samples", type=int, default=None, help="samples per epoch (default: W1 20000, W2 2048)"
     )
+    parser.add_argument(
+        "--min-time-s", type=float, default=0.5, help="timed epochs add up to this (default 0.5)"
+    )
     parser.add_argument("--out", default=None, help="write every run's result here (JSON)")
     args = parser.parse_args(argv)
     for option in ("rounds", "workers", "samples"):
         value = getattr(args, option)
         if value is not None and value < 1:
             parser.error(f"--{option} must be >= 1, got {value}")
+    if args.min_time_s <= 0:
+        parser.error(f"--min-time-s must be > 0, got {args.min_time_s}")
     from .harness import run_isolated
 
     runs: Dict[str, List[Dict[str, Any]]] = {f"{w} {v}": [] for w, v in CELLS}
@@ -183,6 +190,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "device": args.device,
                 "workers": args.workers,
                 "samples": samples - samples % WORKLOADS[workload].batch_size,
+                "min_time_s": args.min_time_s,
             }
             result = run_isolated(task, timeout_s=120.0)
             runs[f"{workload} {variant}"].append(result)

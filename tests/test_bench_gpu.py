@@ -20,6 +20,7 @@ pytestmark = pytest.mark.timeout(180)
 def test_one_round_on_cpu_measures_every_cell(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     argv = ["--device", "cpu", "--rounds", "1", "--samples", "640", "--workers", "2"]
+    argv += ["--min-time-s", "0.01"]  # one timed epoch a cell: the test checks the cells run
     assert gpu.main([*argv, "--out", str(out)]) == 0
     table = capsys.readouterr().out
     for workload, variant in gpu.CELLS:
@@ -29,7 +30,7 @@ def test_one_round_on_cpu_measures_every_cell(tmp_path, capsys):
     assert set(runs) == {f"{w} {v}" for w, v in gpu.CELLS}
     for key, (result,) in runs.items():
         assert "error" not in result, (key, result)
-        assert result["samples"] == result["epochs"] * 640, (key, result)
+        assert result["samples"] == result["epochs"] * 640 and result["epochs"] >= 1, key
 
 
 def test_a_step_on_the_wrong_context_fails_the_check():
@@ -46,3 +47,10 @@ def test_counts_below_one_are_refused(option, capsys):
         gpu.main([option, "0"])
     assert exc.value.code == 2
     assert f"{option} must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_timed_span_of_zero_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        gpu.main(["--min-time-s", "0"])
+    assert exc.value.code == 2
+    assert "--min-time-s must be > 0, got 0.0" in capsys.readouterr().err
