@@ -175,8 +175,8 @@ _tracked: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def track(pool) -> None:
     """Count ``pool`` among the open pools until ``untrack``: a child made with
-    ``os.fork()`` takes ``pool.processes()`` out of its table of children (see
-    ``_forget_workers_in_child``), and a forked worker lets go of ``pool.connections()``
+    ``os.fork()`` takes the processes of ``pool.connections()`` out of its table of children
+    (see ``_forget_workers_in_child``), and a forked worker lets go of its pipes
     (``ipc.inherit``)."""
     global _fork_handler_registered
     if not _fork_handler_registered:
@@ -205,5 +205,5 @@ def _forget_workers_in_child() -> None:
     if children is None:
         return
     for pool in list(_tracked):
-        for process in pool.processes():
+        for _, process in pool.connections():
             children.discard(process)

@@ -186,9 +186,6 @@ class ProcessPool:
             lifecycle.untrack(self)
             self._finalizer()
 
-    def processes(self) -> List[Any]:
-        return [w.process for w in list(self._workers.values())]
-
     def pids(self) -> List[int]:
         return [w.process.pid for w in self._workers.values()]
 
