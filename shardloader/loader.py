@@ -20,7 +20,7 @@ from mxnet.gluon.data import DataLoader as _GluonDataLoader
 
 from . import _checkpoint
 from . import batchify as _batchify
-from ._compat import MX2, gluon_positional_order
+from ._compat import gluon_positional_order
 from ._engine import interrupts as _interrupts
 from ._engine import options as _options
 from ._engine.consumer import ConsumerStage, Position
@@ -270,9 +270,7 @@ class ShardedDataLoader(_GluonDataLoader):
         """Sets what the workers run (``_batch_fn``); returns MXNet 2.x's C++ pipeline where
         ``try_nopython=True`` asks for it and Gluon can use it, else None."""
         if batchify_fn is None:
-            # Gluon's default: default_batchify_fn in MXNet 1.x, batchify.Stack() in 2.x,
-            # which splits list samples into fields as it does tuples.
-            batchify_fn = _batchify._FieldStack() if MX2 else _batchify.default_batchify_fn
+            batchify_fn = _batchify.loader_default()
             self._given["batchify_fn"] = batchify_fn
         # What the workers run: Gluon's own batchify functions swapped for ours.
         self._batch_fn = _batchify.gluon_equivalent(batchify_fn)

@@ -42,7 +42,8 @@ from __future__ import annotations
 # buffers), _checks (argument checks, the errors), _stack (stacking samples of one
 # shape, Stack), _fields (Tuple, Group, List, AsList, Dict, NamedTuple), _default
 # (default_batchify_fn and MXNet 2.x's Stack), _pad (both Pads), _append (Append) and _gluon
-# (gluon_equivalent, is_native). Names imported ``as`` themselves are not in __all__ but the
+# (gluon_equivalent, is_native: the capability ``uses_batch_allocator``, and the loader's
+# default batchify function). Names imported ``as`` themselves are not in __all__ but the
 # rest of shardloader and the tests use them from here.
 from ._append import Append
 from ._checks import Batchify as Batchify
@@ -50,8 +51,10 @@ from ._checks import BatchifyShapeError, BatchifyTypeError
 from ._default import _FieldStack as _FieldStack
 from ._default import default_batchify_fn, default_mp_batchify_fn
 from ._fields import AsList, Dict, Group, List, NamedTuple, Tuple
+from ._gluon import as_loader_default as as_loader_default
 from ._gluon import gluon_equivalent
 from ._gluon import is_native as is_native
+from ._gluon import loader_default as loader_default
 from ._pad import Pad
 from ._pad import _PadEveryAxis as _PadEveryAxis
 from ._stack import Stack

@@ -45,6 +45,8 @@ class Append:
     [[1.0, 2.0, 3.0], [4.0, 5.0]]
     """
 
+    uses_batch_allocator = True  # batchify._checks.ALLOCATOR_ATTR
+
     def __init__(self, expand: bool = True, batch_axis: int = 0, use_shared_mem: bool = False):
         if not _is_flag(expand):
             raise TypeError(f"Append: expand must be True or False, got {_describe(expand)}")

@@ -12,6 +12,21 @@ from ._arrays import _MX_DTYPE_NAMES, _MX_DTYPES
 
 Batchify = typing.Callable[[typing.Sequence[typing.Any]], typing.Any]
 
+ALLOCATOR_ATTR = "uses_batch_allocator"
+"""The capability a batchify function declares (a class attribute, or a property where it
+depends on the functions it holds): ``True`` when every array it returns was allocated with
+``shardloader._engine.ipc.alloc.empty`` and handed back through ``alloc.to_output``. A worker
+process then installs its shared-memory slot as the allocator, and the batch is written once,
+in the slot; without it, the batch is built in private memory and copied into the slot."""
+
+
+def uses_batch_allocator(fn: typing.Any) -> bool:
+    """Whether ``fn`` declares ``uses_batch_allocator = True`` (``ALLOCATOR_ATTR``)."""
+    try:
+        return getattr(fn, ALLOCATOR_ATTR, False) is True
+    except Exception:  # noqa: BLE001 - a user's __getattr__ that raises declares nothing
+        return False
+
 
 class BatchifyTypeError(TypeError, ValueError):
     """A wrong type given to a batchify function: a ``TypeError`` that is also a ``ValueError``.

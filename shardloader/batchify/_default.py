@@ -98,6 +98,8 @@ def _batchify_dicts(data, split_lists: bool, owner: str) -> dict:
     return {key: _collate([sample[key] for sample in data], split_lists, owner) for key in keys}
 
 
+default_batchify_fn.uses_batch_allocator = True  # type: ignore[attr-defined]
+
 default_mp_batchify_fn = default_batchify_fn
 """Gluon's name for the batchify function its worker processes use; the same function here,
 since the transport, not the batchify function, decides where the buffers live."""
@@ -110,6 +112,8 @@ class _FieldStack:
     Not exported: gluon-nlp's ``Stack`` has the name here. A loader uses this one for MXNet
     2.x's ``Stack()`` and as its default batchify function under MXNet 2.x.
     """
+
+    uses_batch_allocator = True  # batchify._checks.ALLOCATOR_ATTR
 
     def __call__(self, data: typing.Sequence[typing.Any]):
         _require_samples(data, "Stack")

@@ -13,6 +13,7 @@ from ._checks import (
     _describe,
     _mx_handle,
     _require_samples,
+    uses_batch_allocator,
 )
 
 
@@ -88,6 +89,11 @@ class Tuple:
             _check_callable(name, f"fn[{index}]", each)
         self._fns = fns
 
+    @property
+    def uses_batch_allocator(self) -> bool:
+        """True when every field's function allocates through the batch allocator."""
+        return all(uses_batch_allocator(fn) for fn in self._fns)
+
     def __call__(self, data: typing.Sequence[typing.Any]) -> tuple:
         """Batchify field ``i`` of every sample in ``data`` with function ``i``."""
         name = type(self).__name__
@@ -142,6 +148,8 @@ class List:
     >>> words
     ['hello', 'world']
     """
+
+    uses_batch_allocator = True  # no arrays of its own
 
     def __call__(self, data: typing.Sequence[typing.Any]) -> list:
         """The samples of one batch, as a list."""
@@ -199,6 +207,11 @@ class Dict:
         for key, fn in fn_dict.items():
             _check_callable("Dict", f"fn_dict[{key!r}]", fn)
         self._fn_dict = dict(fn_dict)
+
+    @property
+    def uses_batch_allocator(self) -> bool:
+        """True when every key's function allocates through the batch allocator."""
+        return all(uses_batch_allocator(fn) for fn in self._fn_dict.values())
 
     def __call__(self, data: typing.Sequence[typing.Any]) -> dict:
         """Batchify the values of each key of ``fn_dict`` across the samples in ``data``."""
@@ -276,6 +289,8 @@ class NamedTuple:
         fns = _field_functions(container, fn_info)
         self._container = container
         self._fns = fns
+
+    uses_batch_allocator = Tuple.uses_batch_allocator
 
     def __call__(self, data: typing.Sequence[typing.Any]):
         """Batchify each field across the samples in ``data``; return a ``container``."""

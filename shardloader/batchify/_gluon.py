@@ -6,11 +6,12 @@ from __future__ import annotations
 import sys
 import typing
 
+from .._compat import MX2
 from ._append import Append
+from ._checks import uses_batch_allocator
 from ._default import _FieldStack, default_batchify_fn
-from ._fields import AsList, Dict, Group, List, NamedTuple, Tuple
-from ._pad import Pad, _PadEveryAxis
-from ._stack import Stack
+from ._fields import AsList, Group
+from ._pad import _PadEveryAxis
 
 
 def gluon_equivalent(fn: typing.Any) -> typing.Any:
@@ -62,21 +63,35 @@ def gluon_equivalent(fn: typing.Any) -> typing.Any:
 
 
 def is_native(fn: typing.Any) -> bool:
-    """Whether ``fn`` is built only from this package's functions and classes.
+    """Whether ``fn`` allocates every array it returns through the batch allocator: whether
+    it declares the capability ``uses_batch_allocator`` (``_checks.ALLOCATOR_ATTR``).
 
-    Then every array it returns comes from ``shardloader._engine.ipc.alloc.to_output``, so a worker
-    process may let it stack straight into shared memory. Any user function in the tree
-    makes the answer ``False`` (its output is still shipped correctly, with one copy).
+    A worker process then lets it write the batch straight into shared memory. This
+    package's functions declare it; a ``Tuple``, ``NamedTuple`` or ``Dict`` declares it when
+    all its functions do, so any user function in the tree makes the answer ``False`` (its
+    output is still shipped correctly, with one copy). Any other batchify function may
+    declare it too (``shardloader.vision``'s fused one does).
 
+    >>> from shardloader.batchify import Pad, Stack, Tuple
     >>> is_native(Tuple(Stack(), Pad(pad_val=0))), is_native(Tuple(Stack(), len))
     (True, False)
     """
-    if fn is default_batchify_fn or isinstance(
-        fn, (Stack, Pad, List, Append, _FieldStack, _PadEveryAxis)
-    ):
-        return True
-    if isinstance(fn, (Tuple, NamedTuple)):
-        return all(is_native(f) for f in fn._fns)
-    if isinstance(fn, Dict):
-        return all(is_native(f) for f in fn._fn_dict.values())
-    return False
+    return uses_batch_allocator(fn)
+
+
+def loader_default() -> typing.Callable:
+    """The batchify function a loader uses for ``batchify_fn=None``: Gluon's default, that is
+    ``default_batchify_fn`` under MXNet 1.x and 2.x's ``batchify.Stack()`` (which splits list
+    samples into fields as it does tuples) under 2.x."""
+    return _FieldStack() if MX2 else default_batchify_fn
+
+
+def as_loader_default(fn: typing.Any) -> typing.Optional[typing.Callable]:
+    """``loader_default()`` if ``fn`` is ``None``; shardloader's equivalent if ``fn`` is a
+    default batchify function (Gluon's or ours, of either MXNet); else ``None``."""
+    if fn is None:
+        return loader_default()
+    ours = gluon_equivalent(fn)
+    if ours is default_batchify_fn or type(ours) is _FieldStack:
+        return ours
+    return None

@@ -103,6 +103,8 @@ class Pad:
     (2, 2, 3)
     """
 
+    uses_batch_allocator = True  # batchify._checks.ALLOCATOR_ATTR
+
     def __init__(
         self,
         axis: int = 0,
@@ -236,6 +238,8 @@ class _PadEveryAxis:
     it: int64 or float64). Samples must have one number of dimensions. Not exported:
     gluon-nlp's ``Pad`` has the name here.
     """
+
+    uses_batch_allocator = True  # batchify._checks.ALLOCATOR_ATTR
 
     def __init__(self, val=None, dtype=None, round_to=None) -> None:
         self._pad_val = 0 if val is None else val

@@ -251,6 +251,8 @@ class Stack:
            [3., 4.]], dtype=float32)
     """
 
+    uses_batch_allocator = True  # batchify._checks.ALLOCATOR_ATTR
+
     def __init__(self, dtype=None) -> None:
         self._dtype = _check_dtype("Stack", dtype)
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from mxnet.base import MXNetError
 
+from .. import batchify as _batchify
 from .._engine.ipc import alloc as _alloc
 from . import _codecs
 from .pipeline import ImagePipeline, _ShapeMismatch
@@ -117,6 +118,13 @@ class FusedBatchify:
     def __init__(self, pipeline: ImagePipeline, rest_batchify: Callable) -> None:
         self.pipeline = pipeline
         self.rest_batchify = rest_batchify
+
+    @property
+    def uses_batch_allocator(self) -> bool:
+        """The images are allocated through the batch allocator (``_alloc.empty``), so in a
+        worker process the batch is written into its shared-memory slot, never copied;
+        the other fields are when ``rest_batchify`` declares it (``batchify.is_native``)."""
+        return _batchify.is_native(self.rest_batchify)
 
     def __call__(self, samples: Sequence[Any]) -> Any:
         if isinstance(samples[0], Pending):

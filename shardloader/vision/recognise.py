@@ -180,16 +180,6 @@ def _geometric_name(name: str) -> bool:
     return name in pixel_steps + _JITTERS or name.startswith("RandomFlip")
 
 
-def _default_batchify(batchify_fn: Optional[Callable]) -> Optional[Callable]:
-    """The loader's default batchify function if ``batchify_fn`` is (Gluon's or ours)."""
-    if batchify_fn is None:
-        return _batchify._FieldStack() if MX2 else _batchify.default_batchify_fn
-    ours = _batchify.gluon_equivalent(batchify_fn)
-    if ours is _batchify.default_batchify_fn or isinstance(ours, _batchify._FieldStack):
-        return ours
-    return None
-
-
 def fuse(
     dataset: Any,
     batchify_fn: Optional[Callable] = None,
@@ -242,7 +232,7 @@ def fuse(
             return exact(why)
     if not _codecs.available():
         return exact(f"the image codecs are not installed: {_codecs.INSTALL_HINT}")
-    rest = _default_batchify(batchify_fn)
+    rest = _batchify.as_loader_default(batchify_fn)
     if rest is None:
         name = getattr(batchify_fn, "__name__", type(batchify_fn).__name__)
         return exact(f"a custom batchify_fn ({name}) expects the transformed samples")

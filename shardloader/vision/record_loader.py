@@ -13,7 +13,6 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import batchify as _batchify
-from .._compat import MX2
 from .._engine.stage import Stage
 from .._validate import check_bool, check_int
 from ..dataiter import LoaderDataIter
@@ -171,7 +170,7 @@ class ImageRecordLoader(ShardedDataLoader):
         )
         records = ImageRecordDataset(path_imgrec, path_imgidx, flag=self.pipeline.flag)
         source, _ = _sources.source_of(records)
-        labels = _batchify._FieldStack() if MX2 else _batchify.default_batchify_fn
+        labels = _batchify.loader_default()
         super().__init__(
             FusedDataset(source, self.pipeline),
             batch_size,
