@@ -71,3 +71,121 @@ def test_a_fused_batch_in_a_process_worker_is_written_into_its_slot(
     images = [line for line in log.read_text().splitlines() if "(4, 3, 32, 32)" in line]
     # (labels of 16 bytes are below the slot's alignment and copied, by design)
     assert images == ["in place (4, 3, 32, 32)"] * 3
+
+
+# -- the user's code is never skipped ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hook", ["register_forward_hook", "register_forward_pre_hook"])
+def test_a_transform_with_hooks_takes_the_exact_path_and_its_hooks_run(rec, hook):
+    from shardloader.recordio import ImageRecordDataset
+
+    calls = []
+    crop = T.RandomResizedCrop(32)
+    getattr(crop, hook)(lambda block, *args: calls.append(type(block).__name__))
+    chain = T.Compose([crop, T.ToTensor(), T.Normalize(MEAN, STD)])
+    dataset = ImageRecordDataset(rec).transform_first(chain)
+    with ShardedDataLoader(dataset, 4, num_workers=0) as loader:
+        count = sum(len(data) for data, _ in loader)
+        why = loader.stats()["image_path"]
+    kind = "forward pre-hooks" if "pre" in hook else "forward hooks"
+    assert (
+        why == f"exact: transform RandomResizedCrop has {kind}, which the fused path would not run"
+    )
+    assert count == 12 and calls == ["RandomResizedCrop"] * 12
+
+
+def test_hooks_on_the_compose_and_instance_methods_keep_the_exact_path(rec):
+    from shardloader.recordio import ImageRecordDataset
+
+    chain = T.Compose([T.Resize(32), T.ToTensor()])
+    chain.register_forward_hook(lambda *args: None)
+    fusion = vision.fuse(ImageRecordDataset(rec).transform_first(chain))
+    assert (
+        fusion.reason == "transform Compose has forward hooks, which the fused path would not run"
+    )
+    flip = T.RandomFlipLeftRight()
+    flip.forward = lambda x: x  # the user's own forward on one instance
+    fusion = vision.fuse(ImageRecordDataset(rec).transform_first(T.Compose([T.Resize(32), flip])))
+    assert fusion.reason == "transform RandomFlipLeftRight has its own forward set on the instance"
+
+
+# -- subclasses of the recognised datasets ------------------------------------------------------
+
+
+def _subclass(base, **methods):
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        self.note = "only sets attributes"
+
+    return type(f"My{base.__name__}", (base,), {"__init__": __init__, **methods})
+
+
+def _bases():
+    from shardloader.recordio import ImageRecordDataset
+
+    return {
+        "ImageRecordDataset": ImageRecordDataset,
+        "gluon ImageRecordDataset": mx.gluon.data.vision.ImageRecordDataset,
+    }
+
+
+@pytest.mark.parametrize("key", ["ImageRecordDataset", "gluon ImageRecordDataset"])
+def test_a_subclass_that_replaces_nothing_is_fused_and_one_that_does_is_not(rec, key):
+    from shardloader.vision import _sources
+
+    base = _bases()[key]
+    fusion = vision.fuse(_subclass(base)(rec).transform_first(chain()))
+    assert (fusion.path, fusion.reason) == ("fused", None)
+    for name in _sources.REPLACED[key]:  # every method the table names, one at a time
+        method = getattr(base, name)
+        sub = _subclass(base, **{name: lambda self, *a, _m=method: _m(self, *a)})
+        fusion = vision.fuse(sub(rec).transform_first(chain()))
+        assert fusion.reason == (
+            f"the dataset (My{base.__name__}) is a subclass of {base.__name__} that overrides "
+            f"My{base.__name__}.{name}, which the fused path replaces"
+        )
+
+
+@pytest.fixture(scope="module")
+def imagenet_root(tmp_path_factory):
+    """gluon-cv's ImageNet layout: root/train/<class>/<image>.jpg."""
+    root = tmp_path_factory.mktemp("imagenet")
+    for c in range(3):
+        folder = root / "train" / f"n0{c}"
+        folder.mkdir(parents=True)
+        for i in range(4):
+            (folder / f"{i}.jpg").write_bytes(pil_jpeg(smooth_image(44 + 4 * c, 52, 10 * c + i)))
+    return str(root)
+
+
+def test_gluoncvs_imagenet_is_fused_under_the_one_import_swap(imagenet_root, no_leaks):
+    """gluon-cv's ``ImageNet`` (an ImageFolderDataset subclass that only sets ``root`` and
+    ``flag``) with its validation chain: fused, with the exact path's batches."""
+    ImageNet = pytest.importorskip("gluoncv.data.imagenet.classification").ImageNet
+    from shardloader import ShardedDataLoader as DataLoader  # the one-import swap
+
+    val = T.Compose([T.Resize(40, keep_ratio=True), T.CenterCrop(32), T.ToTensor(),
+                     T.Normalize(MEAN, STD)])  # fmt: skip
+    dataset = ImageNet(imagenet_root, train=True).transform_first(val)
+    out = {}
+    for fuse in (True, False):
+        with DataLoader(dataset, 4, num_workers=2, fuse_transforms=fuse) as loader:
+            out[fuse] = [(d.asnumpy(), y.asnumpy()) for d, y in loader]
+            out[fuse, "path"] = loader.stats()["image_path"]
+    assert out[True, "path"] == "fused"
+    assert out[False, "path"] == "exact: fuse_transforms=False"
+    for (a, ya), (b, yb) in zip(out[True], out[False]):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_allclose(a, b, atol=1.01 / 255 / min(STD))
+
+
+def test_a_gluoncv_style_subclass_overriding_getitem_keeps_the_exact_path(imagenet_root):
+    base = mx.gluon.data.vision.ImageFolderDataset
+    sub = _subclass(base, __getitem__=lambda self, idx: base.__getitem__(self, idx))
+    dataset = sub(imagenet_root + "/train").transform_first(chain())
+    with ShardedDataLoader(dataset, 4) as loader:
+        assert loader.stats()["image_path"] == (
+            "exact: the dataset (MyImageFolderDataset) is a subclass of ImageFolderDataset "
+            "that overrides MyImageFolderDataset.__getitem__, which the fused path replaces"
+        )

@@ -134,31 +134,74 @@ def _as_bytes(value: Any, idx: int) -> Any:
     )
 
 
+# The methods of each recognised dataset class that the fused path replaces (it reads the
+# encoded bytes and labels itself): a subclass that overrides one of them keeps the exact path,
+# one that overrides none (gluon-cv's ImageNet, which only sets attributes in __init__) is read
+# as its base class is. Listed in docs/vision.md, "What is recognised".
+REPLACED = {
+    "ImageRecordDataset": ("__getitem__",),  # shardloader's: records read, then decoded here
+    "gluon ImageRecordDataset": ("__getitem__", "__len__"),  # read through RecordDataset
+    "ImageFolderDataset": ("__getitem__", "__len__"),  # read from ``items``
+    "ImageListDataset": ("__getitem__", "__len__"),  # read from ``_imglist``
+}
+
+
+def _recognised(dataset: Any) -> Tuple[Optional[type], str]:
+    """The recognised class ``dataset`` is an instance of, and its key in ``REPLACED``."""
+    from mxnet.gluon.data import vision
+
+    kinds = [
+        (ImageRecordDataset, "ImageRecordDataset"),
+        (vision.ImageRecordDataset, "gluon ImageRecordDataset"),
+        (vision.ImageFolderDataset, "ImageFolderDataset"),
+    ]
+    image_list = getattr(vision, "ImageListDataset", None)  # MXNet 2.x only
+    if image_list is not None:
+        kinds.append((image_list, "ImageListDataset"))
+    for base, key in kinds:
+        if isinstance(dataset, base):
+            return base, key
+    return None, ""
+
+
+def overridden(dataset: Any, base: type, key: str) -> Optional[str]:
+    """The first method of ``REPLACED[key]`` that ``dataset``'s class overrides below
+    ``base``, or ``None``."""
+    for cls in type(dataset).__mro__:
+        if cls is base:
+            return None
+        for name in REPLACED[key]:
+            if name in vars(cls):
+                return f"{cls.__name__}.{name}"
+    return None
+
+
 def source_of(dataset: Any) -> Tuple[Optional[_Source], str]:
     """The source for an image dataset Gluon's transforms would see decoded, or ``None``
     and why it is not one."""
-    from mxnet.gluon.data import vision
-
     name = type(dataset).__name__
-    # Exact types throughout: a subclass may decode or label differently in __getitem__.
-    if type(dataset) is ImageRecordDataset:
+    base, key = _recognised(dataset)
+    if base is None:
+        return None, f"the dataset ({name}) is not an image dataset shardloader can read encoded"
+    replaced = overridden(dataset, base, key)
+    if replaced is not None:
+        return None, (
+            f"the dataset ({name}) is a subclass of {base.__name__} that overrides {replaced}, "
+            f"which the fused path replaces"
+        )
+    if key == "ImageRecordDataset":
         if dataset.transform_fn is not None:
             return None, f"the {name} has a transform= of its own"
         return _ShardRecords(dataset, dataset.flag), ""
-    if type(dataset) is vision.ImageRecordDataset:
-        if dataset._transform is not None:
-            return None, f"the {name} has a transform= of its own"
+    if dataset._transform is not None:
+        return None, f"the {name} has a transform= of its own"
+    if key == "gluon ImageRecordDataset":
         return _GluonRecords(dataset, dataset._flag), ""
-    if type(dataset) is vision.ImageFolderDataset:
-        if dataset._transform is not None:
-            return None, f"the {name} has a transform= of its own"
+    if key == "ImageFolderDataset":
         paths = [path for path, _ in dataset.items]
         labels = [label for _, label in dataset.items]
         return _Files(paths, labels, dataset._flag, name), ""
-    image_list = getattr(vision, "ImageListDataset", None)  # MXNet 2.x only
-    if image_list is not None and type(dataset) is image_list:
-        keys = dataset._imgkeys
-        paths = [dataset._imglist[key][1] for key in keys]
-        labels = [dataset._imglist[key][0] for key in keys]
-        return _Files(paths, labels, dataset._flag, name), ""
-    return None, f"the dataset ({name}) is not an image dataset shardloader can read encoded"
+    keys = dataset._imgkeys
+    paths = [dataset._imglist[k][1] for k in keys]
+    labels = [dataset._imglist[k][0] for k in keys]
+    return _Files(paths, labels, dataset._flag, name), ""

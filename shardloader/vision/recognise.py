@@ -62,11 +62,31 @@ def _unwrap(dataset: Any) -> Tuple[Optional[Any], List[Any], str]:
     return dataset, transforms, ""
 
 
+# Block state the fused step does not reproduce: hooks MXNet runs around forward, and a
+# forward or __call__ replaced on the instance. A transform (or Compose) holding any keeps the
+# exact path, so the user's code always runs.
+_HOOKS = (("_forward_pre_hooks", "forward pre-hooks"), ("_forward_hooks", "forward hooks"))
+_INSTANCE_METHODS = ("forward", "hybrid_forward", "__call__")
+
+
+def _check_state(transform: Any) -> None:
+    """``_Unfused`` naming the Block state of ``transform`` the fused step would skip."""
+    name = type(transform).__name__
+    for attr, what in _HOOKS:
+        if getattr(transform, attr, None):
+            raise _Unfused(f"transform {name} has {what}, which the fused path would not run")
+    own = [m for m in _INSTANCE_METHODS if m in getattr(transform, "__dict__", {})]
+    if own:
+        raise _Unfused(f"transform {name} has its own {own[0]} set on the instance")
+
+
 def _flatten(transform: Any, out: List[Any]) -> None:
-    """Compose, HybridCompose and the (Hybrid)Sequential blocks Compose builds, flattened."""
+    """Compose, HybridCompose and the (Hybrid)Sequential blocks Compose builds, flattened;
+    ``_Unfused`` for Block state the fused step would skip (``_check_state``)."""
     from mxnet.gluon import nn
     from mxnet.gluon.data.vision import transforms as T
 
+    _check_state(transform)
     # Exact types: a subclass may override forward, and then its children say nothing.
     kinds = (nn.Sequential, nn.HybridSequential, T.Compose, getattr(T, "HybridCompose", T.Compose))
     if type(transform) in kinds:
@@ -238,9 +258,9 @@ def fuse(
         return exact(f"a custom batchify_fn ({name}) expects the transformed samples")
     if pipeline is None:
         flat: List[Any] = []
-        for transform in transforms:
-            _flatten(transform, flat)
         try:
+            for transform in transforms:
+                _flatten(transform, flat)
             pipeline = _pipeline(flat, source.flag, scaled_decode)
         except _Unfused as exc:
             return exact(str(exc))
