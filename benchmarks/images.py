@@ -46,9 +46,9 @@ MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 _JPEG_VERSION = 1  # part of the cached files' names: bump when the generator changes
 # ``RandomResizedCrop``'s defaults (area 8-100% of the image, aspect ratio 3/4 to 4/3) in
-# ImageRecordIter's argument names: ``ImageRecordLoader`` draws the crops Gluon's transform
-# draws, so that its uint8 output does the fused float32 path's work. ImageRecordIter keeps
-# its own defaults (``min_random_area=1``, ``max_aspect_ratio=0``), the anchor as W5 has
+# ImageRecordIter's argument names: ``ImageRecordLoader`` draws ImageRecordIter's crops over
+# Gluon's ranges, so that its uint8 output does the fused float32 path's work. ImageRecordIter
+# keeps its own defaults (``min_random_area=1``, ``max_aspect_ratio=0``), the anchor as W5 has
 # always measured it; with these ranges it measured no faster (docs/benchmarks.md).
 _CROP_ARGS = {
     "random_resized_crop": True,

@@ -391,6 +391,7 @@ def test_image_record_loader_augments_and_gives_a_dataiter(rec):
         batch_size=6,
         random_resized_crop=True,
         min_random_area=0.2,
+        min_aspect_ratio=3 / 4,
         max_aspect_ratio=4 / 3,
         rand_mirror=True,
         shuffle=True,

@@ -274,6 +274,30 @@ class RandomResizedCrop:
     apply = CenterCrop.apply
 
 
+class RecordIterResizedCrop(RandomResizedCrop):
+    """``mx.io.ImageRecordIter``'s ``random_resized_crop``: an area uniform in ``scale`` of
+    the image's, an aspect ratio (width / height) *uniform* in ``ratio``, then width and
+    height swapped with probability 0.5; up to 10 tries, else the centre ``size`` crop. With
+    ``scale`` and ``ratio`` both ``(1, 1)`` it makes no try (ImageRecordIter's skip)."""
+
+    def draw(self, height: int, width: int) -> Box:
+        if self.scale == (1.0, 1.0) and self.ratio == (1.0, 1.0):
+            return _center_box(height, width, self.target)
+        area = height * width
+        for _ in range(10):
+            target_area = random.uniform(*self.scale) * area
+            ratio = random.uniform(*self.ratio)
+            new_h = math.floor(math.sqrt(target_area / ratio) + 0.5)
+            new_w = math.floor(math.sqrt(target_area * ratio) + 0.5)
+            if random.random() > 0.5:
+                new_w, new_h = new_h, new_w
+            if new_w <= width and new_h <= height:
+                y0 = random.randint(0, height - new_h)
+                x0 = random.randint(0, width - new_w)
+                return x0, y0, new_w, new_h
+        return _center_box(height, width, self.target)
+
+
 class Flip:
     """Gluon's ``RandomFlipLeftRight`` (``axis=1``) and ``RandomFlipTopBottom``
     (``axis=0``): a flip with probability ``p``, by indexing."""

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _codecs, _ops
+from . import _codecs, _color, _ops
 
 OUTPUTS = ("float32", "uint8", "hwc")
 
@@ -78,6 +78,17 @@ class ImagePipeline:
         Read ``mean`` and ``std`` in pixel units (0..255) and skip ToTensor's division.
     dtype : str, default 'float32'
         The dtype of a ``'float32'`` output (``Cast`` after Normalize).
+    color_jitter : (brightness, contrast, saturation), optional
+        After the crop, Gluon's ``RandomColorJitter(brightness, contrast, saturation)``: the
+        adjustments in a random order, each with a factor ``1 + uniform(-x, x)``
+        (ImageRecordIter's ``brightness``, ``contrast``, ``saturation``).
+    lighting : float, default 0
+        Then Gluon's ``RandomLighting(lighting)``, AlexNet's PCA noise (ImageRecordIter's
+        ``pca_noise``).
+    crops : {'gluon', 'image_record_iter'}, default 'gluon'
+        Whose ``random_resized_crop`` draws: Gluon's (aspect ratio log-uniform in ``ratio``)
+        or ``mx.io.ImageRecordIter``'s (uniform, then width and height swapped with
+        probability 0.5; ``_ops.RecordIterResizedCrop``).
 
     Examples
     --------
@@ -108,7 +119,12 @@ class ImagePipeline:
         scaled_decode: bool = True,
         pixel_units: bool = False,
         dtype: str = "float32",
+        color_jitter: Optional[Sequence[float]] = None,
+        lighting: float = 0.0,
+        crops: str = "gluon",
     ) -> None:
+        if crops not in ("gluon", "image_record_iter"):
+            raise ValueError(f"crops must be 'gluon' or 'image_record_iter', got {crops!r}")
         steps: List[Any] = []
         if resize is not None:
             keep = isinstance(resize, (int, np.integer)) and not isinstance(resize, bool)
@@ -127,13 +143,18 @@ class ImagePipeline:
         if crops and size is None:
             raise ValueError(f"{crops[0]} needs size=, got size=None")
         if random_resized_crop:
-            steps.append(_ops.RandomResizedCrop(size, scale, ratio, interpolation))
+            kind = _ops.RandomResizedCrop if crops == "gluon" else _ops.RecordIterResizedCrop
+            steps.append(kind(size, scale, ratio, interpolation))
         elif random_crop:
             steps.append(_ops.RandomCrop(size, interpolation))
         elif center_crop:
             steps.append(_ops.CenterCrop(size, interpolation))
         elif size is not None:
             steps.append(_ops.Resize(size, interpolation=interpolation))
+        if color_jitter is not None and any(color_jitter):
+            steps.append(_color.ColorJitter(*color_jitter))
+        if lighting:
+            steps.append(_color.Lighting(lighting))
         if flip_left_right:
             steps.append(_ops.Flip(1))
         if flip_top_bottom:

@@ -7,8 +7,10 @@ division by 255, exactly as ImageRecordIter computes it.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,28 +43,144 @@ def _data_shape(value: Any) -> tuple:
 
 
 def _aspect_range(min_aspect_ratio: Optional[float], max_aspect_ratio: float) -> tuple:
-    """ImageRecordIter's aspect-ratio range: ``max_aspect_ratio=0`` keeps the aspect;
-    ``min_aspect_ratio=None`` means ``1 / max_aspect_ratio``."""
+    """ImageRecordIter's aspect-ratio range: ``[min_aspect_ratio, max_aspect_ratio]``, or
+    without ``min_aspect_ratio``, ``[1 - max_aspect_ratio, 1 + max_aspect_ratio]``."""
     if max_aspect_ratio < 0:
         raise ValueError(f"max_aspect_ratio must be >= 0, got {max_aspect_ratio!r}")
-    if max_aspect_ratio == 0:
-        return 1.0, 1.0
-    low = 1.0 / max_aspect_ratio if min_aspect_ratio is None else float(min_aspect_ratio)
-    high = float(max_aspect_ratio)
-    low, high = min(low, high), max(low, high)
-    if low <= 0:
-        raise ValueError(f"min_aspect_ratio must be > 0, got {min_aspect_ratio!r}")
+    if min_aspect_ratio is None:
+        low, high = 1.0 - max_aspect_ratio, 1.0 + max_aspect_ratio
+        if low <= 0:
+            raise ValueError(
+                f"without min_aspect_ratio the aspect ratio is in [1 - max_aspect_ratio, "
+                f"1 + max_aspect_ratio] (ImageRecordIter's), here [{low:g}, {high:g}]; give "
+                f"min_aspect_ratio= too (e.g. min_aspect_ratio=3/4, max_aspect_ratio=4/3)"
+            )
+        return low, high
+    low, high = float(min_aspect_ratio), float(max_aspect_ratio)
+    if not 0 < low <= high:
+        raise ValueError(
+            f"need 0 < min_aspect_ratio <= max_aspect_ratio, got {min_aspect_ratio!r} and "
+            f"{max_aspect_ratio!r}"
+        )
     return low, high
+
+
+# ImageRecordIter's arguments whose step is not fused: taken only at the value that does
+# nothing (so a recipe that passes its defaults runs unchanged), refused by name otherwise.
+_NOT_FUSED = {
+    "max_rotate_angle": (0, "a random rotation"),
+    "rotate": (-1, "a rotation"),
+    "max_shear_ratio": (0, "a random shear"),
+    "random_h": (0, "a jitter in HSL space"),
+    "random_s": (0, "a jitter in HSL space"),
+    "random_l": (0, "a jitter in HSL space"),
+    "max_random_scale": (1, "a random scaling (an affine warp)"),
+    "min_random_scale": (1, "a random scaling (an affine warp)"),
+    "max_crop_size": (-1, "random square crop sizes"),
+    "min_crop_size": (-1, "random square crop sizes"),
+    "pad": (0, "padding"),
+    "max_img_size": (1e10, "a size bound after the affine warp"),
+    "min_img_size": (0, "a size bound after the affine warp"),
+    "mean_img": ("", "a mean image"),
+    "scale": (1, "a scaling of the batch"),
+    "max_random_contrast": (0, "the old contrast jitter"),
+    "max_random_illumination": (0, "the old illumination jitter"),
+    "path_imglist": ("", "labels from a list file (the labels are the records')"),
+}
+# ImageRecordIter's arguments with no effect here: shardloader manages its own buffers,
+# logging and threads.
+_IGNORED = ("verbose", "prefetch_buffer", "fill_value", "shuffle_chunk_size", "device_id")
+_DATAITER = ("provide_data", "provide_label", "reset", "iter_next", "getdata", "getlabel",
+             "getpad", "getindex", "next")  # fmt: skip
+_DTYPES = ("float32", "float16", "float64", "uint8")
+
+
+def _takes() -> List[str]:
+    own = [p for p in inspect.signature(ImageRecordLoader.__init__).parameters][1:-1]
+    loader = [p for p in inspect.signature(ShardedDataLoader.__init__).parameters][1:]
+    extra = [n for n in loader if n not in own and n not in ("dataset", "batchify_fn")]
+    return own + extra + list(_NOT_FUSED) + list(_IGNORED)
+
+
+def _check_arguments(door: str, kwargs: dict) -> None:
+    """The door's refusals: an argument it does not know (with "did you mean"), one of
+    ``_NOT_FUSED`` asking for its step, and ShardedDataLoader arguments the door sets."""
+    takes = _takes()
+    for name, value in kwargs.items():
+        if name in ("dataset", "batchify_fn"):
+            raise TypeError(f"{door}() builds its own {name}; it takes: {', '.join(takes)}")
+        if name in _NOT_FUSED:
+            noop, what = _NOT_FUSED[name]
+            if value is not None and value != noop:
+                raise ValueError(
+                    f"{door}(): {name}={value!r} asks for {what}, which shardloader's fused "
+                    f"image path does not run; it takes {name} only at {noop!r} (no effect). "
+                    f"Remove it, or keep mx.io.ImageRecordIter for this pipeline"
+                )
+            continue
+        if name in _IGNORED or name in takes:
+            continue
+        near = difflib.get_close_matches(name, takes, n=1, cutoff=0.6)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise TypeError(
+            f"{door}() got an unexpected keyword argument {name!r}{hint} It takes: "
+            f"{', '.join(takes)}"
+        )
+
+
+def _last_batch(round_batch: Optional[bool], last_batch: Optional[str]) -> Optional[str]:
+    """``round_batch`` as the loader's ``last_batch``: True keeps every batch full, the
+    records left over starting the next epoch ('rollover'); False keeps a short last
+    batch ('keep')."""
+    if round_batch is None:
+        return last_batch
+    check_bool("round_batch", round_batch)
+    wanted = "rollover" if round_batch else "keep"
+    if last_batch is not None and last_batch != wanted:
+        raise ValueError(
+            f"round_batch={round_batch} means last_batch={wanted!r}, but last_batch="
+            f"{last_batch!r} was given too; give one of them"
+        )
+    return wanted
+
+
+class _Labels:
+    """A source whose labels are ImageRecordIter's: with ``label_width=1`` one float32
+    number, else a float32 array of ``label_width``; a record holding another number of
+    labels raises, naming it (ImageRecordIter's check)."""
+
+    def __init__(self, source: Any, width: int, path: str) -> None:
+        self.source, self.width, self.path = source, width, path
+        self.kind, self.flag = source.kind, source.flag
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def read(self, idx: int) -> Tuple[Any, Any]:
+        data, (label,) = self.source.read(idx)
+        values = np.asarray(label, np.float32).reshape(-1)
+        if values.size != self.width:
+            raise ValueError(
+                f"record {idx} of {self.path} holds {values.size} labels but label_width="
+                f"{self.width}; pass label_width={values.size}"
+            )
+        return data, (values[0] if self.width == 1 else values,)
+
+    def fail(self, idx: int, data: Any) -> None:
+        self.source.fail(idx, data)
 
 
 class ImageRecordLoader(ShardedDataLoader):
     """A loader over an indexed ``.rec`` of images that takes ``mx.io.ImageRecordIter``'s
-    common arguments, with their meaning, and runs on the fused image path.
+    arguments, with their meaning, and runs on the fused image path.
 
-    It is a ``ShardedDataLoader`` (process workers, ``preprocess_threads`` of them), so it
-    also has seeds, sharding, resume and errors naming the record; ``dataiter()`` gives an
-    ``mx.io.DataIter`` for ``Module.fit``. Batches are ``[data, label]``: data float32
-    ``(batch_size, C, H, W)`` (or uint8 with ``output='uint8'``), label float32.
+    It is a ``ShardedDataLoader`` (process workers, ``preprocess_threads`` of them), for a
+    Gluon loop (``for data, label in loader``), so it also has seeds, sharding, resume and
+    errors naming the record; ``dataiter()`` (or ``image_record_iter(...)``) gives the
+    ``mx.io.DataIter`` for ``Module.fit`` and code written against ImageRecordIter.
+    Batches are ``[data, label]``: data float32 ``(batch_size, C, H, W)`` (uint8 with
+    ``dtype='uint8'``), label float32 ``(batch_size,)``, or ``(batch_size, label_width)``.
+    docs/vision.md's table gives each argument's meaning and the differences.
 
     Parameters
     ----------
@@ -72,22 +190,29 @@ class ImageRecordLoader(ShardedDataLoader):
         The output shape; 1 channel decodes to grey.
     batch_size : int
         Images per batch.
+    label_width : int, default 1
+        Labels per record: ``(batch_size,)`` labels for 1, ``(batch_size, k)`` for k.
     shuffle : bool, default False
         Shuffle every epoch (seeded by ``seed`` and the epoch).
     rand_crop : bool, default False
         A random ``data_shape`` crop instead of the centre one.
     random_resized_crop : bool, default False
-        Gluon's RandomResizedCrop: area in ``[min_random_area, max_random_area]`` of the
-        image's, aspect ratio in ``[min_aspect_ratio, max_aspect_ratio]``.
+        ImageRecordIter's: area uniform in ``[min_random_area, max_random_area]`` of the
+        image's, aspect ratio uniform in ``[min_aspect_ratio, max_aspect_ratio]``, width and
+        height swapped with probability 0.5, then resized to ``data_shape``.
     min_random_area, max_random_area : float, default 1.0
     max_aspect_ratio : float, default 0.0
-        0 keeps the aspect ratio.
     min_aspect_ratio : float, optional
-        Defaults to ``1 / max_aspect_ratio``.
+        Defaults to ``1 - max_aspect_ratio`` (so the range is ``1 ± max_aspect_ratio``).
     rand_mirror : bool, default False
         Flip left-right with probability 0.5.
     resize : int, default -1
         Resize the shorter edge to this first (-1: don't).
+    brightness, contrast, saturation : float, default 0
+        Colour jitters after the crop, in a random order, each with a factor
+        ``1 + uniform(-x, x)``.
+    pca_noise : float, default 0
+        AlexNet's PCA lighting noise, weights normal with this standard deviation.
     mean_r, mean_g, mean_b, std_r, std_g, std_b : float
         In pixel units (0..255), as ImageRecordIter's: ``(pixel - mean) / std``.
     num_parts, part_index : int
@@ -96,14 +221,25 @@ class ImageRecordLoader(ShardedDataLoader):
         Worker processes (``num_workers``); by default ``min(4, os.cpu_count())``.
     seed : int, optional
         Makes shuffling and augmentation reproducible for any number of workers.
+    round_batch : bool, optional
+        ``True``: every batch full, the records left over starting the next epoch
+        (``last_batch='rollover'``); ``False``: a short last batch (``'keep'``). Not given:
+        ``last_batch`` decides (Gluon's ``'keep'``). ``dataiter()`` always pads.
+    data_name, label_name : str, default 'data', 'softmax_label'
+        The names ``dataiter()`` gives the fields.
+    dtype : {'float32', 'float16', 'float64', 'uint8'}, optional
+        The batch's dtype; ``'uint8'`` gives the pixels, not normalised (as ImageRecordIter).
     output : {'float32', 'uint8', 'device'}, default 'float32'
         ``'uint8'`` leaves normalisation to ``shardloader.vision.normalize``. ``'device'``
         moves uint8 (4x fewer bytes) and normalises each batch after it is placed (on
         ``ctx=``'s devices, where the loader places it), so the loop receives float32.
     inter_method : int, default 1
-        The interpolation code (0 nearest, 1 bilinear, 2 cubic, 3 area, 4 Lanczos).
+        The interpolation code (0 nearest, 1 bilinear, 2 cubic, 3 area, 4 Lanczos, 9 by
+        the sizes).
     **loader_kwargs
-        Any other ``ShardedDataLoader`` argument (``last_batch``, ``ctx``, ``timeout``...).
+        Any other ``ShardedDataLoader`` argument (``last_batch``, ``ctx``, ``timeout``...);
+        ImageRecordIter arguments whose step is not fused (``max_rotate_angle``,
+        ``random_h``...) only at their no-effect values. Anything else is refused, by name.
     """
 
     def __init__(
@@ -133,12 +269,26 @@ class ImageRecordLoader(ShardedDataLoader):
         seed: Optional[int] = None,
         output: str = "float32",
         inter_method: int = 1,
+        brightness: float = 0.0,
+        contrast: float = 0.0,
+        saturation: float = 0.0,
+        pca_noise: float = 0.0,
+        label_width: int = 1,
+        round_batch: Optional[bool] = None,
+        data_name: str = "data",
+        label_name: str = "softmax_label",
+        dtype: Optional[str] = None,
         **loader_kwargs: Any,
     ) -> None:
+        door = loader_kwargs.pop("_door", "ImageRecordLoader")
+        _check_arguments(door, loader_kwargs)
+        for name in list(loader_kwargs):
+            if name in _NOT_FUSED or name in _IGNORED:
+                del loader_kwargs[name]
         if not _codecs.available():
-            raise ImportError(f"ImageRecordLoader needs the image codecs: {_codecs.INSTALL_HINT}")
+            raise ImportError(f"{door} needs the image codecs: {_codecs.INSTALL_HINT}")
         if batch_size is None:
-            raise TypeError("ImageRecordLoader needs batch_size=, got None")
+            raise TypeError(f"{door} needs batch_size=, got None")
         channels, height, width = _data_shape(data_shape)
         for name, value in (
             ("rand_crop", rand_crop),
@@ -146,7 +296,34 @@ class ImageRecordLoader(ShardedDataLoader):
             ("rand_mirror", rand_mirror),
         ):
             check_bool(name, value)
+        if rand_crop and random_resized_crop:
+            raise ValueError("random_resized_crop=True conflicts with rand_crop=True (as in "
+                             "ImageRecordIter): give one of them")  # fmt: skip
+        if random_resized_crop:
+            ratio = _aspect_range(min_aspect_ratio, max_aspect_ratio)
+        elif max_aspect_ratio != 0 or min_aspect_ratio not in (None, 1, 1.0):
+            raise ValueError(
+                f"{door}(): max_aspect_ratio/min_aspect_ratio without random_resized_crop=True "
+                f"ask for ImageRecordIter's aspect-ratio warp (an affine warp), which the "
+                f"fused path does not run; use them with random_resized_crop=True"
+            )
+        else:
+            ratio = (1.0, 1.0)
         resize = check_int("resize", resize, -1)
+        label_width = check_int("label_width", label_width, 1)
+        jitters = tuple(float(x) for x in (brightness, contrast, saturation))
+        for name, value in zip(("brightness", "contrast", "saturation", "pca_noise"),
+                               jitters + (float(pca_noise),)):  # fmt: skip
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+            if value and channels == 1:
+                raise ValueError(f"{name} needs colour images: data_shape has 1 channel")
+        if dtype is not None:
+            if dtype not in _DTYPES:
+                raise ValueError(f"dtype must be one of {_DTYPES} or None, got {dtype!r}")
+            if output != "float32":
+                raise ValueError(f"give dtype= or output=, not both (got {dtype!r}, {output!r})")
+            output = "uint8" if dtype == "uint8" else "float32"
         if output not in ("float32", "uint8", "device"):
             raise ValueError(f"output must be one of 'float32', 'uint8', 'device', got {output!r}")
         self._on_device = output == "device"
@@ -157,8 +334,8 @@ class ImageRecordLoader(ShardedDataLoader):
             resize=resize if resize > 0 else None,
             random_resized_crop=random_resized_crop,
             scale=(min_random_area, max_random_area),
-            ratio=_aspect_range(min_aspect_ratio, max_aspect_ratio),
-            random_crop=rand_crop and not random_resized_crop,
+            ratio=ratio,
+            random_crop=rand_crop,
             center_crop=not (rand_crop or random_resized_crop),
             flip_left_right=rand_mirror,
             mean=(mean_r, mean_g, mean_b) if channels == 3 else mean_r,
@@ -167,15 +344,20 @@ class ImageRecordLoader(ShardedDataLoader):
             interpolation=inter_method,
             flag=1 if channels == 3 else 0,
             pixel_units=True,
+            dtype=dtype if dtype not in (None, "uint8") else "float32",
+            color_jitter=jitters,
+            lighting=float(pca_noise),
+            crops="image_record_iter",
         )
         records = ImageRecordDataset(path_imgrec, path_imgidx, flag=self.pipeline.flag)
         source, _ = _sources.source_of(records)
-        labels = _batchify.loader_default()
+        last_batch = _last_batch(round_batch, loader_kwargs.pop("last_batch", None))
         super().__init__(
-            FusedDataset(source, self.pipeline),
+            FusedDataset(_Labels(source, label_width, path_imgrec), self.pipeline),
             batch_size,
             shuffle,
-            batchify_fn=FusedBatchify(self.pipeline, labels),
+            last_batch=last_batch,
+            batchify_fn=FusedBatchify(self.pipeline, _batchify.loader_default()),
             num_workers=check_int("preprocess_threads", preprocess_threads, 0),
             seed=seed,
             num_parts=num_parts,
@@ -184,24 +366,43 @@ class ImageRecordLoader(ShardedDataLoader):
         )
         self._data_shape = (channels, height, width)
         self._rows = batch_size
+        self._label_width = label_width
+        self._names = (data_name, label_name)
 
     def __iter__(self):
         epoch = super().__iter__()
         return _NormalizedOnDevice(epoch, self.pipeline) if self._on_device else epoch
 
-    def dataiter(self, data_name: str = "data", label_name: str = "softmax_label"):
+    def __getattr__(self, name: str) -> Any:
+        if name in _DATAITER:
+            raise AttributeError(
+                f"'ImageRecordLoader' object has no attribute {name!r}: it is the loader for "
+                f"a Gluon loop (for data, label in loader). For mx.io.DataIter's {name}, use "
+                f"loader.dataiter(), or vision.image_record_iter(...) in place of "
+                f"mx.io.ImageRecordIter(...)"
+            )
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
+
+    def dataiter(self, data_name: Optional[str] = None, label_name: Optional[str] = None):
         """An ``mx.io.DataIter`` over this loader for ``Module.fit``, with ImageRecordIter's
-        names (``data``, ``softmax_label``) and padded last batch
-        (``shardloader.dataiter.LoaderDataIter``)."""
+        ``provide_data``, ``provide_label`` (``(batch_size,)`` or ``(batch_size,
+        label_width)``), names (``data_name``, ``label_name``) and a full last batch whose
+        ``getpad()`` counts its filler rows (``shardloader.dataiter.LoaderDataIter``)."""
         import mxnet as mx
 
         uint8 = self.pipeline.output == "uint8" and not self._on_device
-        dtype = np.uint8 if uint8 else np.float32
-        n = self._rows
+        dtype = np.uint8 if uint8 else self.pipeline.dtype.type
+        n, width = self._rows, self._label_width
         return LoaderDataIter(
             self,
-            provide_data=[mx.io.DataDesc(data_name, (n, *self._data_shape), dtype)],
-            provide_label=[mx.io.DataDesc(label_name, (n,), np.float32)],
+            provide_data=[
+                mx.io.DataDesc(data_name or self._names[0], (n, *self._data_shape), dtype)
+            ],
+            provide_label=[
+                mx.io.DataDesc(
+                    label_name or self._names[1], (n,) if width == 1 else (n, width), np.float32
+                )
+            ],
             batch_size=n,
         )
 
@@ -233,7 +434,19 @@ class _NormalizedOnDevice(Stage):
 
 
 def image_record_iter(*args: Any, **kwargs: Any):
-    """``ImageRecordLoader(*args, **kwargs).dataiter()``: an ``mx.io.DataIter`` that takes
-    ``mx.io.ImageRecordIter``'s arguments (``data_name`` and ``label_name`` too)."""
-    names = {k: kwargs.pop(k) for k in ("data_name", "label_name") if k in kwargs}
-    return ImageRecordLoader(*args, **kwargs).dataiter(**names)
+    """The one-line replacement for ``mx.io.ImageRecordIter(...)``: the same arguments (see
+    ``ImageRecordLoader``), an ``mx.io.DataIter`` with ``provide_data``, ``provide_label``,
+    ``reset``, ``iter_next``, ``getdata``, ``getlabel`` and ``getpad``.
+
+    Every epoch has ``ceil(records / batch_size)`` batches; the last is filled to
+    ``batch_size`` and ``getpad()`` counts its filler rows, with ``round_batch`` True or
+    False (docs/vision.md says how that differs from ImageRecordIter)."""
+    kwargs.setdefault("_door", "image_record_iter")
+    round_batch = kwargs.pop("round_batch", True)
+    check_bool("round_batch", round_batch)
+    if kwargs.get("last_batch", "keep") != "keep":
+        raise ValueError(
+            f"image_record_iter pads the last batch (round_batch); last_batch="
+            f"{kwargs['last_batch']!r} is for ImageRecordLoader"
+        )
+    return ImageRecordLoader(*args, **kwargs).dataiter()
