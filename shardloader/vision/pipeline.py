@@ -85,7 +85,7 @@ class ImagePipeline:
     lighting : float, default 0
         Then Gluon's ``RandomLighting(lighting)``, AlexNet's PCA noise (ImageRecordIter's
         ``pca_noise``).
-    crops : {'gluon', 'image_record_iter'}, default 'gluon'
+    crop_draws : {'gluon', 'image_record_iter'}, default 'gluon'
         Whose ``random_resized_crop`` draws: Gluon's (aspect ratio log-uniform in ``ratio``)
         or ``mx.io.ImageRecordIter``'s (uniform, then width and height swapped with
         probability 0.5; ``_ops.RecordIterResizedCrop``).
@@ -121,10 +121,12 @@ class ImagePipeline:
         dtype: str = "float32",
         color_jitter: Optional[Sequence[float]] = None,
         lighting: float = 0.0,
-        crops: str = "gluon",
+        crop_draws: str = "gluon",
     ) -> None:
-        if crops not in ("gluon", "image_record_iter"):
-            raise ValueError(f"crops must be 'gluon' or 'image_record_iter', got {crops!r}")
+        if crop_draws not in ("gluon", "image_record_iter"):
+            raise ValueError(
+                f"crop_draws must be 'gluon' or 'image_record_iter', got {crop_draws!r}"
+            )
         steps: List[Any] = []
         if resize is not None:
             keep = isinstance(resize, (int, np.integer)) and not isinstance(resize, bool)
@@ -143,7 +145,8 @@ class ImagePipeline:
         if crops and size is None:
             raise ValueError(f"{crops[0]} needs size=, got size=None")
         if random_resized_crop:
-            kind = _ops.RandomResizedCrop if crops == "gluon" else _ops.RecordIterResizedCrop
+            gluon = crop_draws == "gluon"
+            kind = _ops.RandomResizedCrop if gluon else _ops.RecordIterResizedCrop
             steps.append(kind(size, scale, ratio, interpolation))
         elif random_crop:
             steps.append(_ops.RandomCrop(size, interpolation))

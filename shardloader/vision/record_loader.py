@@ -347,7 +347,7 @@ class ImageRecordLoader(ShardedDataLoader):
             dtype=dtype if dtype not in (None, "uint8") else "float32",
             color_jitter=jitters,
             lighting=float(pca_noise),
-            crops="image_record_iter",
+            crop_draws="image_record_iter",
         )
         records = ImageRecordDataset(path_imgrec, path_imgidx, flag=self.pipeline.flag)
         source, _ = _sources.source_of(records)
