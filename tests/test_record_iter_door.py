@@ -13,8 +13,6 @@ from test_vision_fidelity import pil_jpeg, smooth_image
 
 from shardloader import vision
 
-stats = pytest.importorskip("scipy.stats")
-
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(not vision.available(), reason="needs shardloader[vision]"),
@@ -176,6 +174,7 @@ def draws(it, epochs_count, statistic):
 def same_distribution(rec, statistic, **kwargs):
     """KS test of ``statistic`` (one number or a tuple of them per image) over 1,500 draws
     from each iterator (15 epochs of 100)."""
+    stats = pytest.importorskip("scipy.stats")  # in the 1.9.1 test environment
     theirs, ours = both(rec, batch_size=50, seed=1, **kwargs)
     a, b = draws(theirs, 15, statistic), draws(ours, 15, statistic)
     assert len(a) == len(b) == 1500

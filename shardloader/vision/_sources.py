@@ -193,7 +193,7 @@ def source_of(dataset: Any) -> Tuple[Optional[_Source], str]:
         if dataset.transform_fn is not None:
             return None, f"the {name} has a transform= of its own"
         return _ShardRecords(dataset, dataset.flag), ""
-    if dataset._transform is not None:
+    if getattr(dataset, "_transform", None) is not None:  # ImageListDataset has none
         return None, f"the {name} has a transform= of its own"
     if key == "gluon ImageRecordDataset":
         return _GluonRecords(dataset, dataset._flag), ""
