@@ -6,6 +6,9 @@ over 1,500 draws of tiny images) where it is not; and the door's refusals."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -279,3 +282,22 @@ def test_a_dataiter_attribute_on_the_gluon_loop_door_names_dataiter(recs):
     with pytest.raises(TypeError, match="ImageRecordLoader.. got an unexpected keyword"):
         vision.ImageRecordLoader(recs["one"], batch_size=4, round_batchh=True)
     loader.close()
+
+
+def test_a_recipe_is_converted_by_renaming_its_calls_only():
+    """``benchmarks.gluoncv_recipe.convert``: the calls renamed, every argument kept."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is no package
+    from benchmarks.gluoncv_recipe import convert
+
+    recipe = (
+        "import mxnet as mx\n"
+        "train = mx.io.ImageRecordIter(path_imgrec=rec, brightness=0.4, pca_noise=0.1)\n"
+        "val = mx.io.ImageRecordIter(path_imgrec=val_rec, resize=256)\n"
+    )
+    assert convert(recipe) == (
+        "import mxnet as mx\nfrom shardloader import vision\n"
+        "train = vision.image_record_iter(path_imgrec=rec, brightness=0.4, pca_noise=0.1)\n"
+        "val = vision.image_record_iter(path_imgrec=val_rec, resize=256)\n"
+    )
+    with pytest.raises(ValueError, match="expected 'mx.io.ImageRecordIter\\(' calls"):
+        convert("import mxnet as mx\n")
