@@ -147,6 +147,7 @@ def test_parts_are_contiguous_and_cover_the_file_as_image_record_iters(recs):
         dict(data_shape=(3, 24, 24), resize=30, inter_method=1),
         dict(data_shape=(3, 24, 24), resize=30, inter_method=0),
         dict(data_shape=(3, 24, 24), resize=30, inter_method=3),
+        dict(data_shape=(3, 24, 24), resize=30, inter_method=9),  # by the sizes: area
         dict(
             data_shape=(3, 32, 32), mean_r=124, mean_g=117, mean_b=104, std_r=58, std_g=57, std_b=57
         ),  # fmt: skip
@@ -255,6 +256,7 @@ def test_rand_crop_and_rand_mirror_draw_as_image_record_iter(recs):
          "give min_aspect_ratio= too"),
         (dict(rand_crop=True, random_resized_crop=True), ValueError, "conflicts with rand_crop"),
         (dict(dtype="int8"), ValueError, "dtype must be one of"),
+        (dict(inter_method=10), ValueError, "10, a random method per image, is not fused"),
     ],
 )  # fmt: skip
 def test_the_door_refuses_by_its_own_name(recs, kwargs, error, message):

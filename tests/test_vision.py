@@ -419,7 +419,7 @@ def test_image_record_loader_augments_and_gives_a_dataiter(rec):
         (dict(output="float16"), "one of 'float32', 'uint8', 'device', got 'float16'"),
         (dict(rand_mirror=1), "rand_mirror"),
         (dict(max_aspect_ratio=-1.0, random_resized_crop=True), "max_aspect_ratio must be >= 0"),
-        (dict(inter_method=7), "interpolation must be one of"),
+        (dict(inter_method=7), "inter_method must be one of 0, 1, 2, 3, 4 or 9, got 7"),
     ],
 )
 def test_image_record_loader_errors_name_the_argument(rec, kwargs, message):
@@ -566,7 +566,7 @@ def test_module_fit_trains_from_image_record_iter(rec):
         (dict(size=8, random_resized_crop=True, scale=(0.5, 0.1)), "0 <= min <= max"),
         (dict(mean=(1, 2)), "mean must have 1 or 3 values for 3-channel images, got 2"),
         (dict(std=0), "std must not contain 0"),
-        (dict(interpolation=5), "Resize interpolation must be one of (0, 1, 2, 3, 4), got 5"),
+        (dict(interpolation=5), "Resize interpolation must be one of (0, 1, 2, 3, 4, 9), got 5"),
         (dict(flag=2), "flag must be 1 (colour) or 0 (grey), got 2"),
     ],
 )

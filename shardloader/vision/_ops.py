@@ -132,11 +132,14 @@ class Resize:
 
     random = False
 
-    def __init__(self, size: Any, keep_ratio: bool = False, interpolation: int = 1) -> None:
+    def __init__(
+        self, size: Any, keep_ratio: bool = False, interpolation: int = 1, auto: bool = False
+    ) -> None:
         self.keep_ratio = bool(keep_ratio) and isinstance(size, (int, np.integer))
         self.short = int(size) if self.keep_ratio else None
         self.target = None if self.keep_ratio else pair(size, "Resize size")
-        self.interpolation = check_interpolation(interpolation, "Resize interpolation")
+        # ``auto``: 9 picks by the sizes (ImageRecordIter's resize; Gluon's Resize has no 9)
+        self.interpolation = check_interpolation(interpolation, "Resize interpolation", auto)
 
     def draw(self, height: int, width: int) -> None:
         return None
@@ -151,7 +154,8 @@ class Resize:
 
     def apply(self, pixels: np.ndarray, params: Any) -> np.ndarray:
         height, width = self.size(pixels.shape[0], pixels.shape[1], None)
-        return resize(pixels, width, height, self.interpolation)
+        method = _pick_interpolation(self.interpolation, *pixels.shape[:2], height, width)
+        return resize(pixels, width, height, method)
 
 
 class CenterCrop:

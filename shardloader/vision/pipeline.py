@@ -130,7 +130,7 @@ class ImagePipeline:
         steps: List[Any] = []
         if resize is not None:
             keep = isinstance(resize, (int, np.integer)) and not isinstance(resize, bool)
-            steps.append(_ops.Resize(resize, keep_ratio=keep, interpolation=interpolation))
+            steps.append(_ops.Resize(resize, keep, interpolation, auto=True))
         crops = [
             n
             for n, on in (

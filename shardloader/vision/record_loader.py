@@ -310,6 +310,12 @@ class ImageRecordLoader(ShardedDataLoader):
         else:
             ratio = (1.0, 1.0)
         resize = check_int("resize", resize, -1)
+        if isinstance(inter_method, bool) or inter_method not in (0, 1, 2, 3, 4, 9):
+            raise ValueError(
+                f"{door}(): inter_method must be one of 0, 1, 2, 3, 4 or 9, got "
+                f"{inter_method!r}" + (" (10, a random method per image, is not fused)"
+                                       if inter_method == 10 else "")
+            )  # fmt: skip
         label_width = check_int("label_width", label_width, 1)
         jitters = tuple(float(x) for x in (brightness, contrast, saturation))
         for name, value in zip(("brightness", "contrast", "saturation", "pca_noise"),
