@@ -10,6 +10,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from mxnet.gluon.data.vision import transforms as T
+from test_vision import W5_CHAIN
 from test_vision_fidelity import MEAN, STD, pil_jpeg, smooth_image, write_rec
 
 from shardloader import ShardedDataLoader, batchify, vision
@@ -21,16 +22,13 @@ pytestmark = [
 ]
 
 
-def chain():
-    return T.Compose(
-        [T.RandomResizedCrop(32), T.RandomFlipLeftRight(), T.ToTensor(), T.Normalize(MEAN, STD)]
-    )
+chain = W5_CHAIN  # RandomResizedCrop(64), a flip, ToTensor, Normalize
 
 
 @pytest.fixture(scope="module")
 def rec(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("paths")
-    return write_rec(folder, [pil_jpeg(smooth_image(48, 60, s)) for s in range(12)])
+    images = [pil_jpeg(smooth_image(80, 100, s)) for s in range(16)]
+    return write_rec(tmp_path_factory.mktemp("paths"), images)
 
 
 # -- every byte written once ------------------------------------------------------------------
@@ -67,10 +65,10 @@ def test_a_fused_batch_in_a_process_worker_is_written_into_its_slot(
     with ShardedDataLoader(dataset, 4, num_workers=1, start_method="fork", seed=0) as loader:
         shapes = [tuple(data.shape) for data, label in loader]
         assert loader.stats()["image_path"] == "fused"
-    assert shapes == [(4, 3, 32, 32)] * 3
-    images = [line for line in log.read_text().splitlines() if "(4, 3, 32, 32)" in line]
+    assert shapes == [(4, 3, 64, 64)] * 4
+    images = [line for line in log.read_text().splitlines() if "(4, 3, 64, 64)" in line]
     # (labels of 16 bytes are below the slot's alignment and copied, by design)
-    assert images == ["in place (4, 3, 32, 32)"] * 3
+    assert images == ["in place (4, 3, 64, 64)"] * 4
 
 
 # -- the user's code is never skipped ------------------------------------------------------------
@@ -99,7 +97,7 @@ def test_a_transform_with_hooks_takes_the_exact_path_and_its_hooks_run(rec, hook
         why == f"exact: transform RandomResizedCrop has {kind}, which the fused path would not run"
     )
     _, _, gluons = run(mx.gluon.data.DataLoader)
-    assert count == 12 and calls and calls == gluons
+    assert count == 16 and calls and calls == gluons
 
 
 def test_hooks_on_the_compose_and_instance_methods_keep_the_exact_path(rec):
