@@ -124,11 +124,10 @@ def hand_over(w: WorkerProcess, payload: bytes, timeout: Optional[float], method
     ``LoaderTimeoutError``; the caller then stops the other workers. The write runs on a
     short-lived thread, which the kill ends (its pipe breaks); ``None``: no limit."""
     if timeout is None:
-        _send(w.conn, payload, [])
+        _send(w.conn, payload)
         return
-    failed: List[BaseException] = []
     sender = threading.Thread(
-        target=_send, args=(w.conn, payload, failed), name="shardloader-hand-over", daemon=True
+        target=_send, args=(w.conn, payload), name="shardloader-hand-over", daemon=True
     )
     sender.start()
     killed = False
@@ -143,11 +142,11 @@ def hand_over(w: WorkerProcess, payload: bytes, timeout: Optional[float], method
         raise _not_taken(w, len(payload), timeout, method)
 
 
-def _send(conn, payload: bytes, failed: List[BaseException]) -> None:
+def _send(conn, payload: bytes) -> None:
     try:
         conn.send_bytes(payload)
-    except (OSError, ValueError) as exc:  # the worker died (or was killed) before reading it
-        failed.append(exc)
+    except (OSError, ValueError):
+        pass  # the worker died (or was killed) before reading it
 
 
 def _not_taken(w: WorkerProcess, nbytes: int, timeout: float, method: str) -> LoaderTimeoutError:

@@ -102,9 +102,9 @@ class ProcessPool:
 
     def _hand_over(self, workers: List[WorkerProcess], method: str, first: bytes) -> None:
         """Send each of ``workers`` its payload (``first`` for the first). If that fails or
-        is interrupted (a worker that took none of it within ``timeout``, a Ctrl-C), every
-        worker of the pool is killed: none has started work, and a pipe that is out of step
-        cannot be used again. A start-up error leaves no process behind."""
+        is interrupted (a worker that did not take it within ``timeout``, a Ctrl-C), every
+        worker of the pool is killed and the pool closed: a pipe left out of step cannot be
+        used again, and the next epoch starts a new pool. No process is left behind."""
         try:
             payload: Optional[bytes] = first
             for w in workers:
