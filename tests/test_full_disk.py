@@ -62,16 +62,21 @@ def test_a_full_disk_while_packing_leaves_nothing_and_says_so(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [r["writer"] for r in results] == ["records", "images"], proc.stdout + proc.stderr
+    writers = [r["writer"] for r in results]
+    assert writers == ["records", "images", "tail"], proc.stdout + proc.stderr
     for r in results:
         assert r["outcome"] == "raised", r
         message = r["message"]
         rec = os.path.join(directory, f"{r['writer']}.rec")
         # One error: the file, the record, and the cause; nothing raised while cleaning up.
         assert r["type"] == "RecordIOError", r
-        assert message.startswith(f"{rec}: cannot write record {r['key']}: no space left"), r
-        assert 20 < r["key"] < 40, r
-        assert "During handling of the above exception" not in r["traceback"], r["traceback"]
+        if r["writer"] == "tail":  # MXNet's writer ignored its failed last flush
+            start = f"{rec}: cannot finish it after record 0: 0 of its 3008 bytes were written"
+            assert message.startswith(f"{start}: no space left on the device"), r
+        else:
+            assert message.startswith(f"{rec}: cannot write record {r['key']}: no space left"), r
+            assert 20 < r["key"] < 40, r
+        assert r["clean_context"], r["traceback"]
         # No descriptor, no hidden .tmp file, and the space came back.
         assert r["fds_left"] == [] and r["files_left"] == [], r
         assert r["fits_after"], r

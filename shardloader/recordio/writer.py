@@ -169,22 +169,21 @@ def _write_records(
                     rec_path, key, f"cannot write record {key}", exc, len(record)
                 ) from exc
         size = writer.tell()
+        closing: Optional[BaseException] = None
         try:
             writer.close()  # the last of the .rec, and the .idx, reach the disk here
         except (MXNetError, OSError) as exc:
-            raise _write_error(
-                idx_path, None, f"cannot finish it after record {key}", exc, 0
-            ) from exc
+            closing = exc
         # MXNet's writer ignores an error of its last flush: a .rec cut short says so here.
         written = os.fstat(rec_fd).st_size
         if written != size:
-            raise _write_error(
-                rec_path,
-                None,
-                f"cannot finish it after record {key}: {written} of its {size} bytes were written",
-                None,
-                size - written,
+            what = (
+                f"cannot finish it after record {key}: {written} of its {size} bytes were written"
             )
+            raise _write_error(rec_path, None, what, closing, size - written) from closing
+        if closing is not None:
+            what = f"cannot finish it after record {key}"
+            raise _write_error(idx_path, None, what, closing, 0) from closing
         mode = 0o666 & ~_umask()  # mkstemp makes 0600 files; give them what open() would
         for fd, _ in temporaries:
             os.fchmod(fd, mode)
