@@ -191,6 +191,7 @@ class Pipeline:
             start_method=opts.start_method,
             mxnet_per_sample=opts.mxnet_seed == "sample",
             numpy_flags=self._numpy_flags,
+            timeout=opts.timeout,
         )
         self._router = Router(pool, opts.on_worker_death, self._stats)
         return self._router

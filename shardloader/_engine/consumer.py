@@ -4,10 +4,17 @@ It hands batches to the training loop, counts the time the loop waited for them
 (``stats()``), raises a Ctrl-C that Python swallowed in a destructor (invariant 8), and
 reports how far the epoch got to a ``Position`` record, which the loader reads for
 ``state_dict()``. It calls nothing on the loader.
+
+It belongs to the process that made it. A child made with ``os.fork()`` inherits a copy of
+it, and of the whole chain behind it: the parent's worker pipes, slots, threads and locks.
+In the child, advancing that copy raises at once (``forked_error``), and closing it (or
+collecting it) releases nothing: the chain is the parent's, whose epoch goes on whole. A new
+``iter(loader)`` in the child starts an epoch of its own (docs/failures.md, "Forks").
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -16,7 +23,18 @@ from . import interrupts as _interrupts
 from .stage import Stage
 from .stats import Stats
 
-__all__ = ["ConsumerStage", "Position"]
+__all__ = ["ConsumerStage", "Position", "forked_error"]
+
+
+def forked_error(owner: int) -> RuntimeError:
+    """The error for an epoch iterator advanced in a child of its ``owner`` process."""
+    return RuntimeError(
+        f"this loader iterator was created by process {owner} and inherited by process "
+        f"{os.getpid()} through os.fork(): it drives the parent's epoch (its worker pipes, "
+        f"shared memory and threads), so it cannot be advanced in the child. Call "
+        f"iter(loader) anew in the child for an epoch of its own; the parent's epoch goes on "
+        f"undisturbed."
+    )
 
 
 class Position:
@@ -76,12 +94,16 @@ class ConsumerStage(Stage):
         self._then = then
         # One consumer at a time: two threads advancing one epoch would race on its state.
         self._busy = threading.Lock()
+        self._owner = os.getpid()  # a child made with os.fork() gets a copy, not the epoch
 
     @property
     def epoch(self) -> int:
         return self.position.epoch
 
     def __next__(self) -> Any:
+        # Before the lock: a thread of the parent may have held it at the fork.
+        if os.getpid() != self._owner:
+            raise forked_error(self._owner)
         if not self._busy.acquire(blocking=False):
             raise RuntimeError(
                 "this loader iterator is being advanced by another thread; an epoch "
@@ -94,6 +116,18 @@ class ConsumerStage(Stage):
             self._busy.release()
 
     next = __next__
+
+    def close(self) -> None:
+        """End the epoch and release it (``Stage.close``). In a child made with
+        ``os.fork()``, only mark this copy closed: what the chain holds is the parent's."""
+        if os.getpid() != self._owner:
+            self._closed = True
+            return
+        super().close()
+
+    def cancel(self) -> None:
+        if os.getpid() == self._owner:
+            super().cancel()
 
     def _next(self) -> Any:
         if _interrupts.pending:

@@ -25,11 +25,17 @@ pools know only which batches each worker owes, as keys, and a ``WorkerLost`` na
 keys), task sizing (several
 tiny batches to one message), and whether the pool must be rebuilt (``healthy``). A lock
 makes each verb atomic, so epochs on different threads share one router safely.
+
+A child made with ``os.fork()`` inherits a copy of the router, and of its pool's pipes and
+lock: there ``close`` does nothing (an inherited epoch's finalizer runs it at the child's
+exit, and the lock may have been held by a thread of the parent at the fork), and the pool
+reports itself closed, so the child's next epoch gets a router of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -98,6 +104,7 @@ class Router:
         self._broken: Optional[BaseException] = None  # why the pool must be rebuilt
         self._mean_busy_s: Optional[float] = None
         self._lock = threading.RLock()
+        self._owner = os.getpid()
 
     # -- the pool's state
     @property
@@ -125,7 +132,10 @@ class Router:
 
     def close(self, iter_id: int) -> None:
         """Stop routing ``iter_id``'s results and free the batches it buffered; idempotent.
-        Also what an abandoned epoch's finalizer runs."""
+        Also what an abandoned epoch's finalizer runs; a no-op in a child made with
+        ``os.fork()``, where the batches and the pool are the parent's."""
+        if os.getpid() != self._owner:
+            return
         with self._lock:
             route = self._routes.pop(iter_id, None)
             if route is None:

@@ -15,6 +15,7 @@ from mxnet.base import MXNetError
 from mxnet.gluon.data import Dataset
 
 from .._errors import RecordIOError
+from . import _imagesize
 from ._files import _open_file, _parse_index, _Reader
 from ._format import (
     _FIRST_FLAGS,
@@ -398,6 +399,9 @@ class ImageRecordDataset(RecordDataset):
             label = _header_label(header)
         except (struct.error, ValueError) as exc:
             raise self._error(position, f"no valid IRHeader ({exc})") from exc
+        why = _imagesize.refusal(payload)  # a decompression bomb: refused before decoding
+        if why is not None:
+            raise self._error(position, why)
         try:
             image = mx.image.imdecode(payload, self._flag)
             # Decoding errors surface only when the result is awaited; raise them here.

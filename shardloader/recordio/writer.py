@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import struct
@@ -138,10 +139,13 @@ def _temporary_next_to(path: str) -> Tuple[int, str]:
 def _write_records(
     rec_path: str, idx_path: str, records: Iterable[bytes], total: Optional[int], progress: bool
 ) -> None:
-    """Write ``records`` under temporary names, then rename the pair into place."""
+    """Write ``records`` under temporary names, then rename the pair into place. On any
+    error (a full disk included) both temporary files are closed and removed, whatever
+    closing MXNet's writer raises, and one ``RecordIOError`` says what failed."""
     temporaries = []
     writer = None
     done = False
+    key = -1
     try:
         for path in (rec_path, idx_path):
             temporaries.append(_temporary_next_to(path))
@@ -157,16 +161,29 @@ def _write_records(
         for key, record in enumerate(bar):
             if not isinstance(record, (bytes, bytearray, memoryview)):
                 raise TypeError(f"records[{key}] must be bytes, got {type(record).__name__}")
+            record = bytes(record)
             try:
-                writer.write_idx(key, bytes(record))
-            except MXNetError as exc:
-                raise RecordIOError(
-                    f"{rec_path}: cannot write record {key} ({_last_line(exc)})",
-                    path=rec_path,
-                    index=key,
-                    key=key,
+                writer.write_idx(key, record)
+            except (MXNetError, OSError) as exc:
+                raise _write_error(
+                    rec_path, key, f"cannot write record {key}", exc, len(record)
                 ) from exc
-        writer.close()
+        size = writer.tell()
+        closing: Optional[BaseException] = None
+        try:
+            writer.close()  # the last of the .rec, and the .idx, reach the disk here
+        except (MXNetError, OSError) as exc:
+            closing = exc
+        # MXNet's writer ignores an error of its last flush: a .rec cut short says so here.
+        written = os.fstat(rec_fd).st_size
+        if written != size:
+            what = (
+                f"cannot finish it after record {key}: {written} of its {size} bytes were written"
+            )
+            raise _write_error(rec_path, None, what, closing, size - written) from closing
+        if closing is not None:
+            what = f"cannot finish it after record {key}"
+            raise _write_error(idx_path, None, what, closing, 0) from closing
         mode = 0o666 & ~_umask()  # mkstemp makes 0600 files; give them what open() would
         for fd, _ in temporaries:
             os.fchmod(fd, mode)
@@ -174,8 +191,8 @@ def _write_records(
         os.replace(tmp_idx, idx_path)
         done = True
     finally:
-        if writer is not None:
-            writer.close()
+        if writer is not None and not done:
+            _abandon(writer)
         for fd, path in temporaries:
             os.close(fd)
             if not done:
@@ -183,6 +200,59 @@ def _write_records(
                     os.remove(path)
                 except FileNotFoundError:
                     pass
+
+
+def _abandon(writer: Any) -> None:
+    """Close MXNet's writer after an error, ignoring what closing raises (a full disk fails
+    the flushes again): the error the caller sees is the first one."""
+    try:
+        writer.close()
+    except (MXNetError, OSError):
+        pass
+    index_file = getattr(writer, "fidx", None)  # left open when the .rec side raised first
+    if index_file is not None:
+        try:
+            index_file.close()
+        except OSError:
+            pass
+
+
+def _write_error(
+    path: str, key: Optional[int], what: str, exc: Optional[BaseException], needed: int
+) -> RecordIOError:
+    """The error for a write to ``path`` that failed: ``what`` failed (writing record
+    ``key``, or finishing the file: ``None``), because of ``exc`` (``None``: a short file)
+    with ``needed`` bytes still to write. A full disk is named as such: MXNet's writer reports
+    it only as an incomplete write, so the free space of the directory decides."""
+    directory = os.path.dirname(os.path.abspath(path))
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT) or (code is None and _full(directory, needed)):
+        cause = (
+            "no space left on the device"
+            if code != errno.EDQUOT
+            else "disk quota exceeded (no space left for this user)"
+        )
+        advice = f"; free space in {directory!r} or write elsewhere"
+    elif exc is None:
+        cause, advice = "the file was cut short", ""
+    else:
+        cause, advice = _last_line(exc) if isinstance(exc, MXNetError) else str(exc), ""
+    return RecordIOError(
+        f"{path}: {what}: {cause}{advice}. The partial .rec and .idx are removed.",
+        path=path,
+        index=key,
+        key=key,
+    )
+
+
+def _full(directory: str, needed: int) -> bool:
+    """Whether ``directory``'s file system lacks room for ``needed`` more bytes (and a
+    block's slack) for this user."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < needed + max(stat.f_frsize, 4096)
 
 
 def _length(items: Any) -> Optional[int]:

@@ -11,6 +11,8 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from ..recordio import _imagesize
+
 INSTALL_HINT = "pip install shardloader[vision]"
 
 # libjpeg-turbo cannot turn these into RGB; MXNet's decoder (OpenCV) can.
@@ -46,7 +48,8 @@ def available() -> bool:
 
 def jpeg_size(data: Any) -> Optional[Tuple[int, int]]:
     """``(height, width)`` of a JPEG libjpeg-turbo can decode to RGB or grey, from its header
-    alone; ``None`` for anything else (PNG, CMYK, bytes that are not a JPEG)."""
+    alone; ``None`` for anything else (PNG, CMYK, bytes that are not a JPEG). The caller
+    checks it against the size limit (``recordio._imagesize.too_large``) before decoding."""
     simplejpeg = modules()[0]
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
@@ -80,10 +83,16 @@ def decode_jpeg(data: Any, flag: int, min_size: Optional[Tuple[int, int]] = None
     return pixels
 
 
-def decode_exact(data: Any, flag: int) -> np.ndarray:
+def decode_exact(data: Any, flag: int, where: str = "the image") -> np.ndarray:
     """Decode with MXNet's own decoder (``mx.image.imdecode``) to uint8 HWC numpy: PNG,
-    CMYK and whatever libjpeg-turbo refused. Raises ``MXNetError`` as Gluon would."""
+    CMYK and whatever libjpeg-turbo refused. Raises ``MXNetError`` as Gluon would, and
+    ``ImageTooLarge`` (naming ``where``) before decoding an image whose header declares more
+    pixels than the limit (``recordio._imagesize``)."""
     import mxnet as mx
+
+    why = _imagesize.refusal(data)
+    if why is not None:
+        raise _imagesize.ImageTooLarge(f"{where} {why}")
 
     image = mx.image.imdecode(data, flag)
     image.wait_to_read()  # decoding errors surface only when the result is awaited

@@ -21,6 +21,7 @@ from mxnet.base import MXNetError
 
 from .. import batchify as _batchify
 from .._engine.ipc import alloc as _alloc
+from ..recordio._imagesize import ImageTooLarge, refusal, too_large
 from . import _codecs
 from .pipeline import ImagePipeline, _ShapeMismatch
 
@@ -61,10 +62,12 @@ class Pending:
 
 
 def _decode_or_fail(source, index: int, data: Any, flag: int) -> np.ndarray:
+    """MXNet's decode of ``data``; if it fails, or the image declares too many pixels, the
+    dataset's own error for it (naming the record and keeping the reason)."""
     try:
         return _codecs.decode_exact(data, flag)
-    except MXNetError:
-        source.fail(index, data)
+    except (MXNetError, ImageTooLarge) as exc:
+        source.fail(index, data, exc)
         raise
 
 
@@ -82,6 +85,12 @@ class FusedDataset:
         data, rest = self.source.read(idx)
         pipeline = self.pipeline
         size = _codecs.jpeg_size(data)
+        if size is not None:
+            why = too_large(*size)
+            if why is not None:  # a decompression bomb: refused before anything allocates
+                if refusal(data) is not None:
+                    self.source.fail(idx, data)  # the dataset's own error, naming the record
+                raise ImageTooLarge(f"{self.source.kind}: sample {idx} {why}")
         pixels = None
         if size is None:  # not a JPEG libjpeg-turbo reads to RGB: MXNet decodes it here
             pixels = _decode_or_fail(self.source, idx, data, pipeline.flag)

@@ -36,11 +36,20 @@ class _Source:
     def read(self, idx: int) -> Tuple[Any, Rest]:
         raise NotImplementedError
 
-    def fail(self, idx: int, data: Any) -> None:
+    def fail(self, idx: int, data: Any, cause: Optional[BaseException] = None) -> None:
         """Raise the exact path's error for sample ``idx`` whose bytes ``data`` no decoder
-        took; a dataset that does not raise still gets a clear error."""
-        _codecs.decode_exact(data, self.flag)
-        raise ValueError(f"{self.kind}: sample {idx} is not a decodable image")
+        took (``cause``: what the fused path's decoder raised); a dataset that does not
+        raise still gets a clear error, with that cause."""
+        _codecs.decode_exact(data, self.flag, f"{self.kind}: sample {idx}")
+        raise ValueError(f"{self.kind}: sample {idx} is not a decodable image{_as_reason(cause)}")
+
+
+def _as_reason(cause: Optional[BaseException]) -> str:
+    """`` (Type: its last line)`` of what a decoder raised, or nothing."""
+    if cause is None:
+        return ""
+    lines = str(cause).strip().splitlines()
+    return f" ({type(cause).__name__}: {lines[-1] if lines else ''})"
 
 
 class _ShardRecords(_Source):
@@ -64,9 +73,9 @@ class _ShardRecords(_Source):
         label = np.array(header.label, np.float32) if header.flag > 0 else np.float32(header.label)
         return payload, (label,)
 
-    def fail(self, idx: int, data: Any) -> None:
+    def fail(self, idx: int, data: Any, cause: Optional[BaseException] = None) -> None:
         self.dataset[idx]  # raises RecordIOError naming the file, record, key and offset
-        raise ValueError(f"{self.kind}: record {idx} is not a decodable image")
+        raise ValueError(f"{self.kind}: record {idx} is not a decodable image{_as_reason(cause)}")
 
 
 class _GluonRecords(_Source):
@@ -99,9 +108,10 @@ class _Files(_Source):
         with open(self.paths[idx], "rb") as f:
             return f.read(), (self.labels[idx],)
 
-    def fail(self, idx: int, data: Any) -> None:
-        _codecs.decode_exact(data, self.flag)
-        raise ValueError(f"{self.kind}: {self.paths[idx]} is not a decodable image")
+    def fail(self, idx: int, data: Any, cause: Optional[BaseException] = None) -> None:
+        where = f"{self.kind}: {self.paths[idx]}"
+        _codecs.decode_exact(data, self.flag, where)
+        raise ValueError(f"{where} is not a decodable image{_as_reason(cause)}")
 
 
 class Encoded(_Source):

@@ -10,7 +10,9 @@ pipe's buffer, the workers would start one after another, each waiting for the l
 import its modules; and since CPython holds the read end of that pipe while it writes, a
 worker that died first (a script without ``if __name__ == "__main__":``) left ``start()``
 blocked for good. The worker reads the payload first thing (``worker.process_worker_main``);
-one that cannot unpickle it says so as a failure to start.
+one that cannot unpickle it says so as a failure to start. One that has not taken it within the
+loader's ``timeout`` (it is stuck importing the main module) is killed, with every other worker
+of the pool, and the start fails with a ``LoaderTimeoutError`` that says why.
 
 They are pickled as multiprocessing pickles a process's arguments (``pickled``): locks,
 queues and shared values pickle as they would for ``Process(args=...)``, and a file
@@ -23,12 +25,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import select
+import threading
 import time
 import weakref
 from multiprocessing import context, resource_sharer
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
+from ..._errors import LoaderTimeoutError
 from .. import protocol, timing
 from ..ipc.sides import MainSide
 from ..protocol import Failed
@@ -110,13 +115,52 @@ def launch(
     return WorkerProcess(worker_id, key, process, parent_conn)
 
 
-def hand_over(w: WorkerProcess, payload: bytes) -> None:
+def hand_over(w: WorkerProcess, payload: bytes, timeout: Optional[float], method: str) -> None:
     """Write ``payload`` to ``w``'s pipe; it returns once the worker has read it. A worker
-    that died before reading it is left to the pool's ``poll()``, which reports its death."""
+    that died before reading it is left to the pool's ``poll()``, which reports its death.
+
+    A worker that is alive but has not taken its payload within ``timeout`` seconds (it is
+    stuck before reading it: importing the main module, say) is killed, and this raises
+    ``LoaderTimeoutError``; the caller then stops the other workers. The write runs on a
+    short-lived thread, which the kill ends (its pipe breaks); ``None``: no limit."""
+    if timeout is None:
+        _send(w.conn, payload)
+        return
+    sender = threading.Thread(
+        target=_send, args=(w.conn, payload), name="shardloader-hand-over", daemon=True
+    )
+    sender.start()
+    killed = False
     try:
-        w.conn.send_bytes(payload)
+        sender.join(timeout)
+    finally:
+        if sender.is_alive():  # not taken in time, or interrupted (Ctrl-C): end the write
+            killed = True
+            w.process.kill()
+            sender.join()
+    if killed:
+        raise _not_taken(w, len(payload), timeout, method)
+
+
+def _send(conn, payload: bytes) -> None:
+    try:
+        conn.send_bytes(payload)
     except (OSError, ValueError):
-        pass
+        pass  # the worker died (or was killed) before reading it
+
+
+def _not_taken(w: WorkerProcess, nbytes: int, timeout: float, method: str) -> LoaderTimeoutError:
+    return LoaderTimeoutError(
+        f"{method} worker {w.id} (pid {w.process.pid}) did not take its start-up payload "
+        f"(the dataset, batchify_fn and worker_init_fn, pickled: {nbytes / 1e6:.1f} MB) "
+        f"within timeout={timeout}s. A {method} worker reads it right after importing the "
+        f"program's main module; likely causes: a main module that blocks or runs for long "
+        f"when imported (top-level code outside 'if __name__ == \"__main__\":' that reads a "
+        f"stalled mount, waits on a lock or a server, or loads data), or a machine too busy "
+        f"to start the workers within timeout (raise timeout=...). The workers were stopped; "
+        f"start_method='fork' does not import the main module.",
+        elapsed=timeout,
+    )
 
 
 def shutdown(workers: Dict[int, WorkerProcess], table: MainSide, owner: int) -> None:
@@ -128,6 +172,8 @@ def shutdown(workers: Dict[int, WorkerProcess], table: MainSide, owner: int) -> 
     procs = list(workers.values())
     workers.clear()
     for w in procs:
+        if not _writable(w.conn):
+            continue  # its pipe is full (it stopped reading): it is terminated below
         try:
             w.conn.send_bytes(protocol.encode(protocol.STOP))
         except (OSError, ValueError):
@@ -144,6 +190,16 @@ def shutdown(workers: Dict[int, WorkerProcess], table: MainSide, owner: int) -> 
             w.process.join(timing.TERMINATE_TIMEOUT_S)
         reap(w)
     table.close()
+
+
+def _writable(conn) -> bool:
+    """Whether a short message to ``conn`` can be written now, without blocking."""
+    try:
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLOUT)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def close_fd(fd: int) -> None:

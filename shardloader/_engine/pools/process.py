@@ -50,7 +50,9 @@ class ProcessPool:
         start_method: str,
         mxnet_per_sample: bool = False,
         numpy_flags: Optional[Tuple[bool, bool]] = None,
+        timeout: Optional[float] = None,
     ) -> None:
+        self._timeout = timeout  # also bounds a spawn or forkserver worker's hand-over
         self._mxnet_per_sample = mxnet_per_sample
         self._numpy_flags = numpy_flags
         self.num_workers = num_workers
@@ -84,10 +86,7 @@ class ProcessPool:
         for worker_id in range(num_workers):
             self._spawn(worker_id, handed_over=first is not None)
         if first is not None:
-            workers = list(self._workers.values())
-            lifecycle.hand_over(workers[0], first)
-            for w in workers[1:]:
-                lifecycle.hand_over(w, self._pickled(method))
+            self._hand_over(list(self._workers.values()), method, first)
 
     # -- lifecycle
     def _user_objects(self) -> Payload:
@@ -100,6 +99,25 @@ class ProcessPool:
             return lifecycle.pickled(self._user_objects())
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise self._unpicklable(method, exc) from exc
+
+    def _hand_over(self, workers: List[WorkerProcess], method: str, first: bytes) -> None:
+        """Send each of ``workers`` its payload (``first`` for the first). If that fails or
+        is interrupted (a worker that did not take it within ``timeout``, a Ctrl-C), every
+        worker of the pool is killed and the pool closed: a pipe left out of step cannot be
+        used again, and the next epoch starts a new pool. No process is left behind."""
+        try:
+            payload: Optional[bytes] = first
+            for w in workers:
+                lifecycle.hand_over(w, payload or self._pickled(method), self._timeout, method)
+                payload = None
+        except BaseException:
+            with self._lock:
+                for w in list(self._workers.values()):
+                    self._table.forget_worker(w.key)
+                    lifecycle.reap(w)
+                self._workers.clear()
+            self.close()
+            raise
 
     def _spawn(self, worker_id: int, *, handed_over: bool, entropy: Optional[int] = None) -> None:
         """Start worker ``worker_id``. ``handed_over``: it gets the dataset, batchify_fn
@@ -163,7 +181,7 @@ class ProcessPool:
             # one it replaces (with a seed, seeding before each sample decides them anyway).
             self._spawn(worker_id, handed_over=payload is not None, entropy=fresh_entropy())
             if payload is not None:
-                lifecycle.hand_over(self._workers[worker_id], payload)
+                self._hand_over([self._workers[worker_id]], method, payload)
 
     @property
     def closed(self) -> bool:

@@ -87,14 +87,16 @@ class ThreadPool:
         ]
         for t in self._threads:
             t.start()
+        self._owner = os.getpid()  # a forked child gets a copy of this pool, not its threads
         self._finalizer = weakref.finalize(
-            self, _shutdown_threads, self._threads, self._tasks, self._stop, os.getpid()
+            self, _shutdown_threads, self._threads, self._tasks, self._stop, self._owner
         )
 
     @property
     def closed(self) -> bool:
-        """Closed, or a thread stopped: the loader starts a fresh pool for the next epoch."""
-        return self._closed or self._stopped_threads > 0
+        """Closed, a thread stopped, or seen from a child made with ``os.fork()`` (the
+        threads stayed in the parent): the loader starts a fresh pool for the next epoch."""
+        return self._closed or self._stopped_threads > 0 or os.getpid() != self._owner
 
     # A thread that stopped is not replaced: its worker_init_fn would most likely fail again.
     can_restart = False
