@@ -221,7 +221,8 @@ def _check_job_state(
     if fresh:  # taken at the start of the epoch: it runs as this count's epoch
         return {"epoch": epoch, "consumed": 0, "sampler": start}
     share = part_items(_rest(job, batch_sampler, "state"), num_parts, part_index, even_size)
-    return {"epoch": epoch, "consumed": 0, "sampler": start, "share": share, "job": job}
+    resume = {"epoch": epoch, "consumed": 0, "sampler": start, "share": share}
+    return dict(resume, job=copy.deepcopy(job))
 
 
 def _rest(job: Dict[str, Any], batch_sampler: Any, where: str) -> List[Any]:

@@ -97,8 +97,7 @@ def _shaped(sampler: Any, state: Any) -> Sampler:
     wrapped = sampler._wrapped()
     copy = sampler._replica(None if wrapped is None else _shaped(wrapped, inner))
     if isinstance(copy, (PartitionSampler, SplitSampler)) and same_value(kind, type(copy).__name__):
-        num_parts, part_index, _ = part_of_state(state, "state")
-        copy = copy._with_part(num_parts, part_index)
+        copy = copy._with_part(*part_of_state(state, "state"))
     return copy
 
 

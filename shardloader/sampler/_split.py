@@ -130,11 +130,9 @@ class PartitionSampler(_WrapperMixin, Sampler):
         part = part_items(items, self._num_parts, self._part_index, self._even_size)
         yield from part[start:]
 
-    def _with_part(self, num_parts: int, part_index: int) -> PartitionSampler:
-        """A replica (``Sampler._replica``) that yields part ``part_index`` of ``num_parts``."""
-        clone: Any = self._replica(self._sampler)
-        clone._num_parts, clone._part_index = _check_part(num_parts, part_index)
-        return clone
+    def _with_part(self, num_parts: int, part_index: int, even_size: bool) -> PartitionSampler:
+        """A sampler like this one, over the same wrapped sampler, for another part."""
+        return PartitionSampler(self._sampler, num_parts, part_index, even_size)
 
     def _config(self) -> Dict[str, Any]:
         return {
@@ -220,14 +218,14 @@ class SplitSampler(_SeededMixin, Sampler):
     def __len__(self) -> int:
         return self._part_len * self._repeat
 
-    def _with_part(self, num_parts: int, part_index: int) -> SplitSampler:
+    def _with_part(self, num_parts: int, part_index: int, even_size: bool) -> SplitSampler:
         """A replica (``Sampler._replica``) that yields part ``part_index`` of ``num_parts``."""
         clone: Any = self._replica()
         clone.__init__(
             self._length,
             num_parts,
             part_index,
-            self._even_size,
+            even_size,
             self._repeat,
             shuffle=self._shuffle,
             seed=self._seed,
