@@ -243,6 +243,24 @@ def test_one_machines_state_is_a_job_state():
     assert sorted(v for b in taken + rest for v in b) == list(range(20))
 
 
+@pytest.mark.usefixtures("no_leaks")
+def test_a_share_checkpointed_again_resumes_with_process_workers():
+    make = _plain(num_workers=2)
+    job = merge_states(_states(_plain(), 2, take=2))
+    with make(3, 1) as loader, _plain()(3, 1) as twin:
+        loader.load_state_dict(job)
+        twin.load_state_dict(job)
+        share = [key(b) for b in twin]
+        it = iter(loader)
+        assert [key(next(it)) for _ in range(2)] == share[:2]
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert state["resumed_from"] == job and state["consumed"] == 2
+    with make(3, 1) as loader:
+        loader.load_state_dict(state)
+        assert [key(b) for b in loader] == share[2:]
+        assert "resumed_from" not in loader.state_dict()
+
+
 def _states(make, num_parts, take=1):
     states = []
     for rank in range(num_parts):
