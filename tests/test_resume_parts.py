@@ -146,7 +146,7 @@ def check_exactly_once(recipe, epoch_batches, before, after, repeats, equal):
 
 
 @settings(
-    max_examples=50,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -371,12 +371,15 @@ def _machines(tmp_path, job, num_parts, extra, states=()):
         if states:
             cmd += ["--state", *map(str, states)]
         procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
-    for rank, proc in enumerate(procs):
-        try:
-            _, err = proc.communicate(timeout=60)
-        finally:
+    errors = []
+    try:
+        for proc in procs:
+            errors.append(proc.communicate(timeout=60)[1])
+    finally:
+        for proc in procs:
             proc.kill()
-            proc.wait()
+            proc.communicate()
+    for rank, (proc, err) in enumerate(zip(procs, errors)):
         assert proc.returncode == 0, f"{job} machine {rank}: {err[-3000:]}"
 
 

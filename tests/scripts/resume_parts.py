@@ -25,7 +25,6 @@ import json
 import multiprocessing
 import sys
 
-import mxnet as mx
 import numpy as np
 
 from shardloader import DataLoader
@@ -57,7 +56,7 @@ def main(argv=None) -> int:
         num_parts=args.parts,
         part_index=args.rank,
     )
-    weight = mx.nd.zeros((1,))
+    weight = 0.0
     with loader, open(args.log, "a") as log:
         if args.state:
             states = []
@@ -73,15 +72,15 @@ def main(argv=None) -> int:
         for _ in range(2 if args.finish else 1):
             # islice asks for no batch beyond the K-th: the state counts exactly those.
             for batch in itertools.islice(loader, args.stop_after):
-                weight += 0.01 * (batch.mean() - weight)  # the "training"
-                samples = [int(v) for v in batch.asnumpy().tolist()]
+                values = batch.asnumpy()
+                weight += 0.01 * (float(values.mean()) - weight)  # the "training"
+                samples = [int(v) for v in values.tolist()]
                 log.write(json.dumps({"epoch": epoch, "samples": samples}) + "\n")
                 log.flush()
             epoch += 1
         if args.save:
             with open(args.save, "w") as f:
                 json.dump(loader.state_dict(), f)
-        weight.wait_to_read()
     left = multiprocessing.active_children()
     if left:
         print(f"processes left behind: {left}", file=sys.stderr)
