@@ -18,6 +18,11 @@ ones, so the parts must have equal numbers of batches.
 Start the workers with ``python -m shardloader.launch`` on one machine (see
 ``shardloader.launch``), or with MXNet's ``tools/launch.py`` on several.
 
+To resume a job on another number of machines, each machine saves its loader's
+``state_dict()``, ``merge_states`` puts them together into one job state, and every machine of
+the new job loads that with ``load_state_dict`` (docs/distributed.md, "Resuming on another
+number of machines").
+
 A worker that leaves with an exception, or ``sys.exit(n)``, after creating a ``dist`` store does
 not exit: the store's destructor waits in a barrier for the other workers, which in turn wait
 for its gradients. Neither the launcher nor anyone else sees the failure until a timeout. Run the
@@ -29,9 +34,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from typing import Any, Dict, Iterator, Tuple, Union
+from typing import Any, Dict, Iterator, Sequence, Tuple, Union
 
-__all__ = ["fail_fast", "parts_from_kvstore"]
+from . import _checkpoint
+
+__all__ = ["fail_fast", "merge_states", "parts_from_kvstore"]
 
 # Stores this module created from a type string, kept for the life of the process: a dist
 # store's destructor on rank 0 shuts the servers down, and ps-lite cannot start a second dist
@@ -95,6 +102,58 @@ def parts_from_kvstore(kv: Union[str, Any, None]) -> Tuple[int, int]:
             "0 <= rank < num_workers"
         )
     return num_parts, part_index
+
+
+def merge_states(states: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """Merge the loader states of every machine of a job into one job state.
+
+    Each machine saves its own ``loader.state_dict()``; this puts them together, checked, in
+    part order. Any machine of the next job, on the same number of machines or another,
+    loads the job state with ``loader.load_state_dict(job)``. On the same number a machine
+    resumes its own part exactly as from its own state. On another number each machine
+    yields its share of the batches that no machine had consumed, cut as ``num_parts``
+    cuts an epoch (``even_size`` pads the shares alike), and then the epochs of its own
+    ``num_parts`` and ``part_index``. The job state is JSON-ready, as the states are.
+
+    Parameters
+    ----------
+    states : list of dict
+        ``state_dict()`` of the loader of every machine, one per part, in any order,
+        taken in the same epoch (a machine that has ended the epoch may be at batch 0 of
+        the next).
+
+    Returns
+    -------
+    dict
+        ``{"version", "epoch", "num_parts", "parts"}``: the job's epoch (the earliest of the
+        states'), its number of machines, and the states in part order.
+
+    Raises
+    ------
+    TypeError
+        If ``states`` is not a non-empty list.
+    ValueError
+        If a state is not a loader's state, the states are of different loaders (dataset
+        length, ``batch_size``, ``seed``, batch sampler) or numbers of machines, a part is
+        missing or given twice, or a machine is past the job's epoch.
+
+    Examples
+    --------
+    >>> from shardloader import DataLoader
+    >>> def loader(num_parts, part_index):
+    ...     return DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0,
+    ...                       num_parts=num_parts, part_index=part_index)
+    >>> old = [loader(2, rank) for rank in range(2)]
+    >>> taken = [next(iter(old[0])).asnumpy().tolist()]       # machine 0 takes a batch
+    >>> job = merge_states([l.state_dict() for l in old])
+    >>> new = [loader(3, rank) for rank in range(3)]
+    >>> for l in new:
+    ...     l.load_state_dict(job)
+    >>> rest = [b.asnumpy().tolist() for l in new for b in l]
+    >>> sorted(i for batch in taken + rest for i in batch)
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+    return _checkpoint.merge_states(states)
 
 
 def _create(kind: str) -> Any:

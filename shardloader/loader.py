@@ -10,6 +10,7 @@ in its own module (docs/design.md, "The data path").
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
@@ -288,10 +289,10 @@ class ShardedDataLoader(_GluonDataLoader):
     def _start_epoch(self) -> ConsumerStage:
         if self._closed:
             raise ClosedIteratorError("Trying to iterate a closed ShardedDataLoader")
-        epoch, skip, sampler_state = self._next_epoch, 0, None
-        if self._resume is not None:
-            epoch, skip = self._resume["epoch"], self._resume["consumed"]
-            sampler_state = self._resume["sampler"]
+        epoch, skip, sampler_state, resume = self._next_epoch, 0, None, self._resume
+        if resume is not None:
+            epoch, skip = resume["epoch"], resume["consumed"]
+            sampler_state = resume["sampler"]
             self._resume = None
         self._next_epoch = epoch + 1
         bs = self._batch_sampler
@@ -299,10 +300,19 @@ class ShardedDataLoader(_GluonDataLoader):
             bs.load_state_dict(sampler_state)
         if hasattr(bs, "set_epoch"):
             bs.set_epoch(epoch)
-        position = Position(epoch, skip, _checkpoint.sampler_state(bs))
-        # Begun now: a batch sampler reads its epoch when first advanced, and another
-        # iter() may set the next epoch on it before this one is (invariant 5).
-        items = itertools.islice(_begun(enumerate(bs)), skip, None)
+        position = _position(epoch, skip, _checkpoint.sampler_state(bs), resume)
+        length = functools.partial(len, bs)
+        if isinstance(position, _SharePosition):
+            # This machine's share of a job's epoch (docs/distributed.md, "Resuming on another
+            # number of machines"); the epochs after it are this loader's own.
+            share = resume["share"]
+            items = itertools.islice(enumerate(share), skip, None)
+            length = functools.partial(len, share)
+            bs.set_epoch(epoch + 1)
+        else:
+            # Begun now: a batch sampler reads its epoch when first advanced, and another
+            # iter() may set the next epoch on it before this one is (invariant 5).
+            items = itertools.islice(_begun(enumerate(bs)), skip, None)
         then = None
         if self._opts.auto_reload:
             then = functools.partial(_refresh, weakref.ref(self))
@@ -310,7 +320,7 @@ class ShardedDataLoader(_GluonDataLoader):
             items,
             position,
             end_state=functools.partial(_checkpoint.sampler_state, bs),
-            length=functools.partial(len, bs),
+            length=length,
             then=then,
         )
         self._open.add(it)
@@ -365,7 +375,7 @@ class ShardedDataLoader(_GluonDataLoader):
         """
         self._refuse_with_cpp("state_dict()")
         where = self._current.checkpoint()
-        return {
+        state = {
             "version": _checkpoint.STATE_VERSION,
             "epoch": where["epoch"],
             "consumed": where["consumed"],
@@ -375,10 +385,20 @@ class ShardedDataLoader(_GluonDataLoader):
             "batch_size": self._opts.batch_size,
             "sampler_type": type(self._batch_sampler).__name__,
         }
+        if isinstance(self._current, _SharePosition) and not self._current.ended:
+            state["resumed_from"] = copy.deepcopy(self._current.job)
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Make the next ``iter()`` yield exactly the batches that remained in ``state``'s
         epoch, then continue with the following epochs as an uninterrupted run would.
+
+        ``state`` may also be a job state (``shardloader.distributed.merge_states``): a
+        loader with the job's number of parts loads its own part's state from it, and one
+        with another number of parts yields its share of the batches that no machine of the
+        job had consumed, then this loader's own epochs (docs/distributed.md, "Resuming on
+        another number of machines"). A single machine's state of a job on one machine is
+        such a job state too.
 
         Raises
         ------
@@ -387,7 +407,10 @@ class ShardedDataLoader(_GluonDataLoader):
             a field missing, of the wrong type or out of range (``consumed`` beyond the
             batches of its epoch, say), or another dataset length, ``batch_size``, ``seed``
             or batch sampler. The message names the field. Every field is checked before
-            anything changes, so a refused state leaves the loader as it was.
+            anything changes, so a refused state leaves the loader as it was. Also if
+            ``state`` is one machine's state of a job on another number of machines (merge
+            them all first), or a job state this loader cannot share exactly: with
+            ``rollover``, or a sampler that is not one of ``shardloader.sampler``'s.
         """
         self._refuse_with_cpp("load_state_dict()")
         resume = _checkpoint.check_state(
@@ -397,7 +420,7 @@ class ShardedDataLoader(_GluonDataLoader):
             self._prestarted.close()
             self._prestarted = None
         self._resume = resume
-        self._current = Position(resume["epoch"], resume["consumed"], resume["sampler"])
+        self._current = _position(resume["epoch"], resume["consumed"], resume["sampler"], resume)
         self._next_epoch = resume["epoch"]
 
     def _refuse_with_cpp(self, what: str) -> None:
@@ -535,6 +558,22 @@ class ShardedDataLoader(_GluonDataLoader):
     def worker_pids(self) -> List[int]:
         """PIDs of the live worker processes (empty for inline or thread workers)."""
         return self._pipeline.worker_pids()
+
+
+class _SharePosition(Position):
+    """The position of a share of a job's epoch, with the job state (``resumed_from``)."""
+
+    __slots__ = ("job",)
+
+
+def _position(epoch: int, consumed: int, start_state: Any, resume: Any) -> Position:
+    """The ``Position`` of an epoch; a ``_SharePosition`` if ``resume`` (what
+    ``_checkpoint.check_state`` returned, or None) is a share of a job's epoch."""
+    if resume is None or "share" not in resume:
+        return Position(epoch, consumed, start_state)
+    position = _SharePosition(epoch, consumed, start_state)
+    position.job = resume["job"]
+    return position
 
 
 def _refresh(loader_ref: Callable[[], Optional[ShardedDataLoader]]) -> None:

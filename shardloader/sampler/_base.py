@@ -261,6 +261,23 @@ class Sampler(_GluonSampler):
                 yield from item if isinstance(item, list) else (item,)
             sampler = sampler.__dict__.get("_sampler")
 
+    def _replica(self, inner: Any = None) -> Sampler:
+        """A copy to replay a pass on (``_reshard``): the same arguments and state, its own
+        epoch and position, no repeat listeners, and ``inner`` as its wrapped sampler, if it
+        wraps one."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        for key in ("_pass", "_repeat_listeners", "_probe_base", "_probe_deferred"):
+            clone.__dict__.pop(key, None)
+        clone._resume = 0
+        if "_sampler" in clone.__dict__:
+            clone._sampler = inner
+        return clone
+
+    def _wrapped(self) -> Any:
+        """The sampler this one wraps, or None."""
+        return self.__dict__.get("_sampler")
+
     def _probe(self) -> Sampler:
         """A copy to try a state on: it shares every attribute with this sampler, except the
         wrapped sampler (``_sampler``), which is probed in turn if it is one of ours."""

@@ -33,6 +33,19 @@ def part_bounds(total: int, num_parts: int, part_index: int) -> Tuple[int, int]:
     return start, start + size + (part_index < extra)
 
 
+def part_items(items: List[Any], num_parts: int, part_index: int, even_size: bool) -> List[Any]:
+    """Part ``part_index`` of ``items`` cut into ``num_parts`` (see the module docstring),
+    padded to ``ceil(len(items) / num_parts)`` with ``even_size``: with one item of its own,
+    or, for a part left without any (fewer items than parts), with item ``part_index`` modulo
+    ``len(items)`` of another part."""
+    lo, hi = part_bounds(len(items), num_parts, part_index)
+    part = items[lo:hi]
+    if even_size and items:
+        pad = _even_length(len(items), num_parts) - len(part)
+        part += part[:pad] if part else [items[part_index % len(items)]]
+    return part
+
+
 def _check_part(num_parts: Any, part_index: Any) -> Tuple[int, int]:
     num_parts = check_int("num_parts", num_parts, minimum=1)
     part_index = check_int("part_index", part_index)
@@ -109,16 +122,17 @@ class PartitionSampler(_WrapperMixin, Sampler):
 
     def _iter_epoch(self, epoch: int, start: int) -> Iterator[Any]:
         items = list(self._sampler)
-        lo, hi = part_bounds(len(items), self._num_parts, self._part_index)
-        part = items[lo:hi]
-        if self._even_size:
-            if not part:
-                raise ValueError(
-                    f"even_size=True needs at least num_parts={self._num_parts} items per "
-                    f"epoch, but the wrapped sampler yielded {len(items)} in epoch {epoch}"
-                )
-            part += part[: _even_length(len(items), self._num_parts) - len(part)]
+        if self._even_size and len(items) < self._num_parts:
+            raise ValueError(
+                f"even_size=True needs at least num_parts={self._num_parts} items per "
+                f"epoch, but the wrapped sampler yielded {len(items)} in epoch {epoch}"
+            )
+        part = part_items(items, self._num_parts, self._part_index, self._even_size)
         yield from part[start:]
+
+    def _with_part(self, num_parts: int, part_index: int, even_size: bool) -> PartitionSampler:
+        """A sampler like this one, over the same wrapped sampler, for another part."""
+        return PartitionSampler(self._sampler, num_parts, part_index, even_size)
 
     def _config(self) -> Dict[str, Any]:
         return {
@@ -203,6 +217,20 @@ class SplitSampler(_SeededMixin, Sampler):
 
     def __len__(self) -> int:
         return self._part_len * self._repeat
+
+    def _with_part(self, num_parts: int, part_index: int, even_size: bool) -> SplitSampler:
+        """A replica (``Sampler._replica``) that yields part ``part_index`` of ``num_parts``."""
+        clone: Any = self._replica()
+        clone.__init__(
+            self._length,
+            num_parts,
+            part_index,
+            even_size,
+            self._repeat,
+            shuffle=self._shuffle,
+            seed=self._seed,
+        )
+        return clone
 
     def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
         own = np.arange(self._start, self._stop)
