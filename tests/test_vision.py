@@ -132,7 +132,8 @@ def test_without_the_codecs_fuse_says_how_to_install_them(rec, monkeypatch):
     assert not vision.available()
     fusion = vision.fuse(ImageRecordDataset(rec).transform_first(W5_CHAIN()))
     assert fusion.path == "exact"
-    assert "pip install shardloader[vision]" in fusion.reason
+    assert _codecs.INSTALL_HINT in fusion.reason and "shardloader[" not in fusion.reason
+    assert "simplejpeg==1.9.0 opencv-python-headless==4.11.0.86" in fusion.reason
 
 
 # -- random steps -----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import os
 import textwrap
 from typing import Any, Dict, List
 
+from .._extras import install_hint
 from .bench_conditions import Conditions, default_workers, usable_cores
 from .bench_data import BenchError, load_dataset, shuffled, uses_mxnet
 from .bench_report import format_table, plot, recommend, summarize
@@ -148,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise BenchError(
-            "--plot needs matplotlib, which is not installed: pip install matplotlib "
-            "(or pip install 'shardloader[bench]')"
+            "--plot needs matplotlib, which is not installed; the 'bench' extra has it: "
+            + install_hint("bench")
         )
     _workers(args)
     dataset, described, batchify_fn = load_dataset(args)
