@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -91,15 +92,21 @@ def test_help_lists_every_option_and_version_prints_it(tmp_path):
     assert proc.stdout.strip() == f"shardloader {shardloader.__version__}"
 
 
-def test_help_does_not_import_the_subcommands(tmp_path):
+def test_help_and_usage_errors_import_neither_mxnet_nor_the_subcommands(tmp_path):
+    """``shardloader --help`` answers at once (it took 13-16 s on a loaded machine when the
+    package imported MXNet): neither --help nor a usage error loads MXNet."""
     code = (
         "import sys\n"
         "from shardloader.tools.cli import main\n"
-        "try:\n"
-        "    main(['demo', '--help'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "heavy = ['shardloader.tools.demo', 'shardloader.tools.bench',\n"
+        "for argv in (['--help'], ['demo', '--help'], ['bench', '--help'],\n"
+        "             ['bench', '--dataset', 'm:f', '--workers', '1,x'],\n"
+        "             ['bench', '--dataset', 'm:f', '--raw'],\n"
+        "             ['bench', '--recordio', 'no_such_file.rec']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ['mxnet', 'shardloader.loader', 'shardloader.tools.demo',\n"
         "         'tqdm', 'matplotlib', 'psutil']\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
@@ -108,6 +115,11 @@ def test_help_does_not_import_the_subcommands(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+    started = time.monotonic()
+    proc = finish(start_cli("--help", cwd=tmp_path), timeout=30)
+    took = time.monotonic() - started
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: shardloader"), proc.stderr
+    assert took < 4.0, f"shardloader --help took {took:.1f} s"  # ~0.15 s on a quiet machine
 
 
 @pytest.mark.parametrize(

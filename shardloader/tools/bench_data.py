@@ -184,9 +184,9 @@ def _first_sample(dataset: Any, rec_path: str, what: str) -> None:
 def load_dataset(args: argparse.Namespace) -> Tuple[Any, str, Optional[Callable]]:
     """The dataset, a description of it, and the batchify function both loaders get."""
     if args.recordio:
+        _check_record_files(args.recordio)  # before MXNet is imported: a typo fails at once
         from ..recordio import ImageRecordDataset, RecordDataset
 
-        _check_record_files(args.recordio)
         if args.raw:
             from ..batchify import List as ListBatchify
 

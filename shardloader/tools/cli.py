@@ -1,7 +1,8 @@
 """The ``shardloader`` command line: ``shardloader demo`` and ``shardloader bench``.
 
-Only ``argparse`` is imported here; each subcommand imports its module when it runs, so
-``--help`` stays quick. (Importing the ``shardloader`` package itself still loads MXNet.)
+Only ``argparse`` is imported here; each subcommand imports its module when it runs, and
+the ``shardloader`` package imports its modules on first use, so ``--help`` and usage errors
+never load MXNet and answer at once.
 """
 
 from __future__ import annotations
