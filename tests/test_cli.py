@@ -158,7 +158,11 @@ def test_resolve_factory_accepts_a_module_path(monkeypatch):
 
 # ------------------------------------------------------------------------------ bench
 # A row of the table: workers, loader, median samples/s, then its range over the rounds.
-ROW = re.compile(r"^\s+(\d+)\s+(shardloader|gluon)\s+([\d,]+)\s+([\d,]+)-([\d,]+)\s", re.MULTILINE)
+ROW = re.compile(
+    r"^\s+(\d+)\s+(shardloader|gluon|ImageRecordIter|ImageRecordLoader)\s+"
+    r"([\d,]+)\s+([\d,]+)-([\d,]+)\s",
+    re.MULTILINE,
+)
 VERDICT = re.compile(
     r"^(Recommendation: num_workers=[01]|Too noisy to decide|No setting meets)", re.MULTILINE
 )
@@ -191,7 +195,9 @@ def test_bench_prints_medians_spreads_conditions_and_a_verdict(tmp_path):
     ]  # fmt: skip
     for _, _, median, low, high in rows:
         assert _number(low) <= _number(median) <= _number(high)
-    assert "2 rounds, each run in a fresh process" in _prose(proc.stdout)
+    assert "2 rounds at most, within --budget-s 120, each run in a fresh process" in _prose(
+        proc.stdout
+    )
     assert re.search(
         r" Conditions: \d+ cores?, load average [\d.]+ at the start and [\d.]+ at the end; "
         r"other processes used [\d.]+ s of CPU",
@@ -215,6 +221,14 @@ def small_rec(tmp_path_factory):
 
 
 def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
+    """--recordio measures ImageRecordIter and ImageRecordLoader beside the two loaders, with
+    a bar on a terminal (--progress), and a line per measurement when piped; --budget-s
+    stops the rounds."""
+    budget = start_cli(
+        "bench", "--recordio", str(small_rec), "--workers", "0", "--batches", "2",
+        "--batch-size", "8", "--crop-size", "32", "--rounds", "3", "--budget-s", "0.01",
+        cwd=tmp_path,
+    )  # fmt: skip
     proc = shardloader_cli(
         "bench", "--recordio", str(small_rec), "--workers", "0,1", "--batches", "3",
         "--batch-size", "8", "--crop-size", "32", "--rounds", "1", "--progress", cwd=tmp_path,
@@ -224,13 +238,27 @@ def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
     assert "RandomResizedCrop(32), RandomFlipLeftRight, ToTensor, Normalize" in text
     assert "images: fused (stats()['image_path']" in text  # the path the images took
     assert "shuffled" in text
+    assert "also measured: ImageRecordIter, ImageRecordLoader, with the same crop" in text
+    loaders = ["ImageRecordIter", "ImageRecordLoader", "gluon", "shardloader"]
     assert sorted((r[0], r[1]) for r in ROW.findall(proc.stdout)) == [
-        ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),
-    ]  # fmt: skip
+        (w, name) for w in "01" for name in loaders
+    ]
+    assert "Against mx.io.ImageRecordIter (preprocess_threads=num_workers, 1 for 0)" in text
+    assert re.search(r"num_workers=1: shardloader [\d.]+x \([\d.]+-[\d.]+\), ImageRecord", text)
     assert "One round: the spread is unknown" in text
     assert VERDICT.search(proc.stdout), proc.stdout
-    # (5 warm-up + 3 timed batches) x 2 worker counts x 2 loaders x 1 round
-    assert "bench:" in proc.stderr and "/32 " in proc.stderr
+    # (5 warm-up + 3 timed batches) x 2 worker counts x 4 loaders x 1 round
+    assert "bench:" in proc.stderr and "/64 " in proc.stderr
+    assert "round 1/1" not in proc.stdout  # the bar shows progress, not lines
+    # Piped, without --progress: a line per measurement; the budget ends the rounds.
+    proc = finish(budget)
+    assert_clean(proc)
+    lines = re.findall(r"^round 1/3: num_workers=0 (\S+): [\d,]+ samples/s$", proc.stdout, re.M)
+    assert sorted(lines) == loaders, proc.stdout
+    assert "round 2/3" not in proc.stdout
+    assert "stopped after 1 of 3 rounds: another would end past --budget-s 0.01" in proc.stdout
+    assert "3 rounds at most, within --budget-s 0.01" in _prose(proc.stdout)
+    assert "One round: the spread is unknown" in _prose(proc.stdout)
 
 
 def test_bench_recordio_explains_a_missing_or_broken_index(tmp_path, small_rec, capsys):

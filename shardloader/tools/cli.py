@@ -215,8 +215,16 @@ def _add_runs(bench: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=5,
         metavar="R",
-        help="rounds: every configuration is measured R times, the loaders alternating, and "
-        "the table gives the median and the range (default 5)",
+        help="rounds: every configuration is measured up to R times, the loaders "
+        "alternating, and the table gives the median and the range (default 5)",
+    )
+    bench.add_argument(
+        "--budget-s",
+        type=_non_negative_float,
+        default=120.0,
+        metavar="S",
+        help="start no round that would end past S seconds (judged by the round before; the "
+        "first always runs): fewer rounds, less confidence (default 120; 0: all --rounds)",
     )
     bench.add_argument("--plot", metavar="OUT.png", help="save a plot (needs matplotlib)")
     progress = bench.add_mutually_exclusive_group()
