@@ -88,7 +88,8 @@ _BENCH = dict(
         "train with: mx.gluon.data.vision.ImageRecordDataset(FILE.rec).transform_first(\n"
         "Compose([RandomResizedCrop(SIZE), RandomFlipLeftRight(), ToTensor(),\n"
         "Normalize(ImageNet mean, std)])), shuffled. The index FILE.idx must sit next to\n"
-        "FILE.rec, where Gluon looks for it."
+        "FILE.rec, where Gluon looks for it. mx.io.ImageRecordIter and shardloader's\n"
+        "ImageRecordLoader run in the same rounds, with the same augmentation."
     ),
     formatter_class=argparse.RawDescriptionHelpFormatter,
 )
