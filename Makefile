@@ -1,20 +1,24 @@
 # Two commands do all the set-up: `make demo` and `make test`.
 # Each creates or reuses .venv and installs the pinned dependencies itself, each with its own
-# stamp: `make demo` only what the demo needs (the `vision` extra), `make test` the `test`
-# extra (gluoncv, gluon-nlp, ...), `make bench` the `bench` extra.
+# stamp, and only what it needs: `make demo` the `vision` extra, `make test-smoke` the
+# `test-core` extra (pytest, OpenCV, ...), `make test` the `test` extra (test-core, gluoncv,
+# gluon-nlp, ...), `make docs` the `docs` extra, `make bench` the `bench` extra. Every install
+# shows pip's progress (a line per package, a bar per download).
 #   make test-smoke  a few end-to-end checks of the default MXNet 1.9.1 setup
-#                    (tests/test_smoke.py): under a minute once the venv is built
+#                    (tests/test_smoke.py): under 30 s once the venv is built; the first time,
+#                    1-3 minutes more to install test-core (about 500 MB)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -qq
-# pip's own log (a line per package, and a progress bar for each download): the first
-# `make demo` shows what it is doing instead of sitting silent.
-PIP_LOG := $(BIN)/python -m pip --disable-pip-version-check
+# pip's own log (a line per package, and a progress bar for each download): a first install
+# shows what it is doing instead of sitting silent.
+PIP    := $(BIN)/python -m pip --disable-pip-version-check --progress-bar on
 SUM    := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.stamp-$(SUM)
+CORE_STAMP  := $(VENV)/.core-stamp-$(SUM)
 DEMO_STAMP  := $(VENV)/.demo-stamp-$(SUM)
 BENCH_STAMP := $(VENV)/.bench-stamp-$(SUM)
+DOCS_STAMP  := $(VENV)/.docs-stamp-$(SUM)
 SRC    := $(wildcard shardloader tests benchmarks examples)
 
 # MXNet 2.0 (2.0.0b1) beside the default 1.9.1: its own venv, pinned by constraints-mx2.txt
@@ -32,7 +36,7 @@ SRC    := $(wildcard shardloader tests benchmarks examples)
 #                        a test file that fails to import under 2.0 fails it too.
 VENV2  := .venv-mx2
 BIN2   := $(VENV2)/bin
-PIP2   := $(BIN2)/python -m pip --disable-pip-version-check -qq
+PIP2   := $(BIN2)/python -m pip --disable-pip-version-check --progress-bar on
 STAMP2 := $(VENV2)/.stamp-$(shell cat pyproject.toml constraints-mx2.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
@@ -43,10 +47,25 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	@echo "Installing shardloader and the test suite's dependencies into $(VENV) (MXNet 1.9.1,"
-	@echo "gluoncv, gluon-nlp, which compiles, OpenCV, scipy, pandas, ...: about 1 GB, 2-4 minutes"
-	@echo "the first time)."
+	@echo "gluoncv, gluon-nlp, which compiles for minutes without a line of output, OpenCV, scipy,"
+	@echo "pandas, ...: about 1 GB, 3-6 minutes the first time)."
 	$(PIP) install -c constraints.txt -e '.[test]'
+	@# gluoncv without its opencv-python, which would own cv2 beside opencv-python-headless.
+	$(PIP) install -c constraints.txt --no-deps gluoncv
 	rm -f $(VENV)/.stamp-* && touch $@
+
+# The smoke tests need the core of the test suite's dependencies, not gluoncv or gluon-nlp; a
+# venv that already has the test extra has all of it.
+$(CORE_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	@if [ -e $(STAMP) ]; then \
+		echo "$(VENV) already has the test extra, which includes test-core"; \
+	else \
+		echo "Installing shardloader and what the smoke tests need into $(VENV): MXNet 1.9.1,"; \
+		echo "pytest, hypothesis, psutil, simplejpeg and OpenCV (headless), ruff, mypy, matplotlib:"; \
+		echo "about 500 MB, 1-3 minutes the first time (pip shows each package as it goes)."; \
+		$(PIP) install -c constraints.txt -e '.[test-core]' || exit 1; \
+	fi
+	rm -f $(VENV)/.core-stamp-* && touch $@
 
 # The demo needs shardloader, MXNet and the `vision` extra, nothing of the test suite's; a
 # venv that already has the test extra has all of it.
@@ -57,7 +76,7 @@ $(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
 		echo "Installing shardloader and what the demo needs into $(VENV): MXNet 1.9.1, numpy,"; \
 		echo "tqdm, simplejpeg and OpenCV (headless), about 430 MB; 1-3 minutes the first time,"; \
 		echo "most of it downloading MXNet (pip shows each package as it goes)."; \
-		$(PIP_LOG) install --progress-bar on -c constraints.txt -e '.[vision]' || exit 1; \
+		$(PIP) install -c constraints.txt -e '.[vision]' || exit 1; \
 	fi
 	rm -f $(VENV)/.demo-stamp-* && touch $@
 
@@ -70,7 +89,7 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
-test-smoke: $(STAMP)
+test-smoke: $(CORE_STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/test_smoke.py $(ARGS)
 
 $(BIN2)/python:
@@ -108,9 +127,15 @@ bench-mx2: $(STAMP2)
 
 # The docs site: mkdocs with the Material theme and mkdocstrings, built into site/.
 # --strict turns every warning (a broken link, a page missing from the nav, a docstring
-# mkdocstrings cannot parse) into a failure.
-docs: $(STAMP)
+# mkdocstrings cannot parse) into a failure. mkdocstrings reads the source without importing
+# it (mkdocs.yml), so the docs need the `docs` extra alone: no gluoncv, no test extra.
+$(DOCS_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	@echo "Installing shardloader and the docs toolchain into $(VENV): mkdocs, mkdocs-material,"
+	@echo "mkdocstrings, and MXNet 1.9.1 (shardloader's own requirement): 1-2 minutes the first time."
 	$(PIP) install -c constraints.txt -e '.[docs]'
+	rm -f $(VENV)/.docs-stamp-* && touch $@
+
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 format: $(STAMP)
