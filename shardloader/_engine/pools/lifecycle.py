@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from .. import protocol, timing
 from ..ipc.sides import MainSide
 from ..protocol import Failed
-from . import finalizing
+from .base import finalizing
 
 __all__ = [
     "WorkerProcess",
