@@ -40,7 +40,7 @@ PIP2   := $(BIN2)/python -m pip --disable-pip-version-check --progress-bar on
 STAMP2 := $(VENV2)/.stamp-$(shell cat pyproject.toml constraints-mx2.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
-.PHONY: test test-smoke demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
+.PHONY: test test-smoke test-quick demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,7 +90,12 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 test-smoke: $(CORE_STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/test_smoke.py $(ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "smoke and not slow" tests/test_smoke.py $(ARGS)
+
+# A developer's loop: the whole suite less the tests marked slow (whole programs, soak,
+# distributed, property sweeps), no ruff or mypy. `make test` (and CI) runs everything.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 $(BIN2)/python:
 	$(PYTHON) -m venv $(VENV2)

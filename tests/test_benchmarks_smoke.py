@@ -669,6 +669,7 @@ def test_the_page_matches_the_report_generator():
         assert cell_header in block and "| ours |" not in block, section
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_run_measures_the_folder_workload_end_to_end(tmp_path, capsys, fonts_loaded):
     """``make bench ARGS="--quick --workloads W7"``: the folders are written, both loaders

@@ -177,6 +177,7 @@ def _prose(text: str) -> str:
     return " ".join(text.split())
 
 
+@pytest.mark.slow
 def test_bench_prints_medians_spreads_conditions_and_a_verdict(tmp_path):
     plot = tmp_path / "bench.png"
     proc = shardloader_cli(
@@ -220,6 +221,7 @@ def small_rec(tmp_path_factory):
     return Path(rec)
 
 
+@pytest.mark.slow
 def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
     """--recordio measures ImageRecordIter and ImageRecordLoader beside the two loaders, with
     a bar on a terminal (--progress), and a line per measurement when piped; --budget-s
@@ -572,6 +574,7 @@ def test_cache_is_built_once_and_rebuilt_when_stale(tmp_path):
 
 
 # ------------------------------------------------------------------------------ demo runs
+@pytest.mark.slow
 def test_demo_runs_clean_in_the_default_cache_dir_and_compares_with_gluon(tmp_path):
     # --gluon runs the plain demo's training, then Gluon's: one run checks both.
     proc = shardloader_cli("demo", "--epochs", "1", "--gluon", *TINY, cwd=tmp_path)
@@ -583,6 +586,7 @@ def test_demo_runs_clean_in_the_default_cache_dir_and_compares_with_gluon(tmp_pa
     assert (tmp_path / ".shardloader-cache" / "demo" / "checkpoint" / "state.json").is_file()
 
 
+@pytest.mark.slow
 def test_demo_resumes_mid_epoch_to_the_same_result(tmp_path):
     options = ["demo", "--epochs", "2", "--num-workers", "1", *TINY]
     # The uninterrupted run (a cache of its own) goes on beside the interrupted one.

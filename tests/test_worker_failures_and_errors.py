@@ -1,5 +1,8 @@
-"""The third hostile test's transport and worker-process defects (issue 22, items 1, 2, 8 and
-9) and the errors a new user tripped on (issue 24): each test fails on 216df86."""
+"""Worker failures and the errors a user sees: a failing worker_init_fn, forked children,
+running out of descriptors, a slot the training process cannot map, a worker's KeyError,
+tracebacks that lead with the message, pickling errors, the public errors' names, a thread's
+seeding error. (From the third hostile test, issue 22, items 1, 2, 8 and 9, issue 24, and
+issue 33: each test fails on the code before its fix.)"""
 
 from __future__ import annotations
 
@@ -102,6 +105,7 @@ def test_process_worker_init_fn_error_names_it_and_is_not_restarted(tmp_path, po
 _CHILD_ENDINGS = ["exit", "end", "raise", "os_exit"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_forked_children_that_exit_leave_the_parents_workers_alone(tmp_path):
     # One program forks a child of each kind in turn, mid-epoch, on one loader: the epochs
@@ -123,6 +127,7 @@ def test_forked_children_that_exit_leave_the_parents_workers_alone(tmp_path):
 # ------------------------------------------------ item 1: out of file descriptors mid-epoch
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("free", [0, 1])
 def test_out_of_descriptors_mid_epoch_is_named_and_the_loader_recovers(free):
@@ -149,6 +154,7 @@ def test_out_of_descriptors_mid_epoch_is_named_and_the_loader_recovers(free):
 # ------------------------------------ item 8: the training process cannot map a new slot
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_slot_the_training_process_cannot_map_is_named_and_blames_no_worker():
     proc = run_program("h3_address_space.py")
@@ -217,6 +223,7 @@ for batch in DataLoader(Dataset(), batch_size=4, num_workers=workers):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_an_uncaught_error_leads_with_its_message_not_the_loaders_frames(tmp_path):
     """Issue 33: a stacking error came after about 20 frames of batchify internals, and a

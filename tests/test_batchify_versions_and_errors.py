@@ -1,5 +1,5 @@
-"""Issue 22 (third hostile test), items 12, 14 and 15, and issue 24's stacking errors: what
-batchify got wrong against MXNet 2.x, gluon-nlp and a new user.
+"""batchify across MXNet versions and gluon-nlp, and its shape errors (issue 22, the third
+hostile test, items 12, 14 and 15; issue 24's stacking errors):
 
 - item 12: the dtypes a batch may have follow the installed MXNet (2.x adds int16, uint16,
   uint32 and uint64), in every mode;
