@@ -54,31 +54,30 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(PIP) install -c constraints.txt --no-deps gluoncv
 	rm -f $(VENV)/.stamp-* && touch $@
 
-# The smoke tests need the core of the test suite's dependencies, not gluoncv or gluon-nlp; a
-# venv that already has the test extra has all of it.
-$(CORE_STAMP): $(BIN)/python pyproject.toml constraints.txt
+# The smoke tests and the demo each need a part of the test extra: installed on its own,
+# unless the venv already has the test extra, which includes it.
+# $(call part_of_test_extra,EXTRA,STAMP-PREFIX,WHAT-IT-SAYS): the recipe of such a stamp.
+define part_of_test_extra
 	@if [ -e $(STAMP) ]; then \
-		echo "$(VENV) already has the test extra, which includes test-core"; \
+		echo "$(VENV) already has the test extra, which includes the $(1) extra"; \
 	else \
-		echo "Installing shardloader and what the smoke tests need into $(VENV): MXNet 1.9.1,"; \
-		echo "pytest, hypothesis, psutil, simplejpeg and OpenCV (headless), ruff, mypy, matplotlib:"; \
-		echo "about 500 MB, 1-3 minutes the first time (pip shows each package as it goes)."; \
-		$(PIP) install -c constraints.txt -e '.[test-core]' || exit 1; \
+		printf '%s\n' $($(3)); \
+		$(PIP) install -c constraints.txt -e '.[$(1)]' || exit 1; \
 	fi
-	rm -f $(VENV)/.core-stamp-* && touch $@
+	rm -f $(VENV)/.$(2)-stamp-* && touch $@
+endef
+CORE_SAYS = "Installing shardloader and what the smoke tests need into $(VENV): MXNet 1.9.1," \
+	"pytest, hypothesis, psutil, simplejpeg and OpenCV (headless), ruff, mypy, matplotlib:" \
+	"about 500 MB, 1-3 minutes the first time (pip shows each package as it goes)."
+DEMO_SAYS = "Installing shardloader and what the demo needs into $(VENV): MXNet 1.9.1, numpy," \
+	"tqdm, simplejpeg and OpenCV (headless), about 430 MB; 1-3 minutes the first time," \
+	"most of it downloading MXNet (pip shows each package as it goes)."
 
-# The demo needs shardloader, MXNet and the `vision` extra, nothing of the test suite's; a
-# venv that already has the test extra has all of it.
+$(CORE_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(call part_of_test_extra,test-core,core,CORE_SAYS)
+
 $(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
-	@if [ -e $(STAMP) ]; then \
-		echo "$(VENV) already has the test extra, which includes what the demo needs"; \
-	else \
-		echo "Installing shardloader and what the demo needs into $(VENV): MXNet 1.9.1, numpy,"; \
-		echo "tqdm, simplejpeg and OpenCV (headless), about 430 MB; 1-3 minutes the first time,"; \
-		echo "most of it downloading MXNet (pip shows each package as it goes)."; \
-		$(PIP) install -c constraints.txt -e '.[vision]' || exit 1; \
-	fi
-	rm -f $(VENV)/.demo-stamp-* && touch $@
+	$(call part_of_test_extra,vision,demo,DEMO_SAYS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)
