@@ -12,7 +12,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # pip's own log (a line per package, and a progress bar for each download): a first install
 # shows what it is doing instead of sitting silent.
-PIP    := $(BIN)/python -m pip --disable-pip-version-check --progress-bar on
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+INSTALL := $(PIP) install --progress-bar on
 SUM    := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.stamp-$(SUM)
 CORE_STAMP  := $(VENV)/.core-stamp-$(SUM)
@@ -36,7 +37,8 @@ SRC    := $(wildcard shardloader tests benchmarks examples)
 #                        a test file that fails to import under 2.0 fails it too.
 VENV2  := .venv-mx2
 BIN2   := $(VENV2)/bin
-PIP2   := $(BIN2)/python -m pip --disable-pip-version-check --progress-bar on
+PIP2   := $(BIN2)/python -m pip --disable-pip-version-check
+INSTALL2 := $(PIP2) install --progress-bar on
 STAMP2 := $(VENV2)/.stamp-$(shell cat pyproject.toml constraints-mx2.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
@@ -49,9 +51,9 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	@echo "Installing shardloader and the test suite's dependencies into $(VENV) (MXNet 1.9.1,"
 	@echo "gluoncv, gluon-nlp, which compiles for minutes without a line of output, OpenCV, scipy,"
 	@echo "pandas, ...: about 1 GB, 3-6 minutes the first time)."
-	$(PIP) install -c constraints.txt -e '.[test]'
+	$(INSTALL) -c constraints.txt -e '.[test]'
 	@# gluoncv without its opencv-python, which would own cv2 beside opencv-python-headless.
-	$(PIP) install -c constraints.txt --no-deps gluoncv
+	$(INSTALL) -c constraints.txt --no-deps gluoncv
 	rm -f $(VENV)/.stamp-* && touch $@
 
 # The smoke tests and the demo each need a part of the test extra: installed on its own,
@@ -62,7 +64,7 @@ define part_of_test_extra
 		echo "$(VENV) already has the test extra, which includes the $(1) extra"; \
 	else \
 		printf '%s\n' $($(3)); \
-		$(PIP) install -c constraints.txt -e '.[$(1)]' || exit 1; \
+		$(INSTALL) -c constraints.txt -e '.[$(1)]' || exit 1; \
 	fi
 	rm -f $(VENV)/.$(2)-stamp-* && touch $@
 endef
@@ -100,7 +102,7 @@ $(BIN2)/python:
 	$(PYTHON) -m venv $(VENV2)
 
 $(STAMP2): $(BIN2)/python pyproject.toml constraints-mx2.txt
-	$(PIP2) install -c constraints-mx2.txt -e '.[test-core]'
+	$(INSTALL2) -c constraints-mx2.txt -e '.[test-core]'
 	rm -f $(VENV2)/.stamp-* && touch $@
 
 test-mx2: $(STAMP2)
@@ -119,14 +121,14 @@ demo: $(DEMO_STAMP)
 # its own DataLoader, with and without try_nopython=True; its table is a section of its own.
 $(BENCH_STAMP): $(BIN)/python pyproject.toml constraints.txt
 	@echo "Installing shardloader and the benchmarks' dependencies into $(VENV)"
-	$(PIP) install -c constraints.txt -e '.[bench,vision]'
+	$(INSTALL) -c constraints.txt -e '.[bench,vision]'
 	rm -f $(VENV)/.bench-stamp-* && touch $@
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.run $(ARGS)
 
 bench-mx2: $(STAMP2)
-	$(PIP2) install -c constraints-mx2.txt -e '.[bench]'
+	$(INSTALL2) -c constraints-mx2.txt -e '.[bench]'
 	$(BIN2)/python -m benchmarks.run $(ARGS)
 
 # The docs site: mkdocs with the Material theme and mkdocstrings, built into site/.
@@ -136,7 +138,7 @@ bench-mx2: $(STAMP2)
 $(DOCS_STAMP): $(BIN)/python pyproject.toml constraints.txt
 	@echo "Installing shardloader and the docs toolchain into $(VENV): mkdocs, mkdocs-material,"
 	@echo "mkdocstrings, and MXNet 1.9.1 (shardloader's own requirement): 1-2 minutes the first time."
-	$(PIP) install -c constraints.txt -e '.[docs]'
+	$(INSTALL) -c constraints.txt -e '.[docs]'
 	rm -f $(VENV)/.docs-stamp-* && touch $@
 
 docs: $(DOCS_STAMP)
