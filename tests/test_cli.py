@@ -71,7 +71,8 @@ HELP = [
                 "--stop-after-batches", "--cache-dir"]),
     (["bench"], ["--dataset", "--recordio", "--raw", "--no-transform", "--crop-size",
                  "--batch-size", "--workers", "--batches", "--epochs", "--thread-pool",
-                 "--step-ms", "--rounds", "--plot", "--progress", "--no-progress"]),
+                 "--step-ms", "--rounds", "--budget-s", "--plot", "--progress",
+                 "--no-progress"]),
 ]  # fmt: skip
 
 
