@@ -145,7 +145,7 @@ def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Advice:
                 f"{worst['rate_min']:,.0f} to {worst['rate_max']:,.0f} samples/s, "
                 f"{spread(worst):.0%} of their median; worker counts "
                 f"{_WITHIN_BEST:.0%} apart cannot be told apart. Run again on a quieter "
-                "machine, or with more --rounds or --batches."
+                "machine, or with more --rounds (and a --budget-s that fits them) or --batches."
             ],
         )
     why = []
