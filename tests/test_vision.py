@@ -417,7 +417,7 @@ def test_image_record_loader_augments_and_gives_a_dataiter(rec):
     [
         (dict(data_shape=(2, 8, 8)), "data_shape must be (channels, height, width) with 1 or 3"),
         (dict(output="float16"), "one of 'float32', 'uint8', 'device', got 'float16'"),
-        (dict(rand_mirror=1), "rand_mirror"),
+        (dict(rand_mirror="yes"), "rand_mirror"),  # 0 and 1 are bools, as in Gluon
         (dict(max_aspect_ratio=-1.0, random_resized_crop=True), "max_aspect_ratio must be >= 0"),
         (dict(inter_method=7), "interpolation must be one of"),
     ],
