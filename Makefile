@@ -1,20 +1,25 @@
 # Two commands do all the set-up: `make demo` and `make test`.
 # Each creates or reuses .venv and installs the pinned dependencies itself, each with its own
-# stamp: `make demo` only what the demo needs (the `vision` extra), `make test` the `test`
-# extra (gluoncv, gluon-nlp, ...), `make bench` the `bench` extra.
+# stamp, and only what it needs: `make demo` the `vision` extra, `make test-smoke` the
+# `test-core` extra (pytest, OpenCV, ...), `make test` the `test` extra (test-core, gluoncv,
+# gluon-nlp, ...), `make docs` the `docs` extra, `make bench` the `bench` extra. Every install
+# shows pip's progress (a line per package, a bar per download).
 #   make test-smoke  a few end-to-end checks of the default MXNet 1.9.1 setup
-#                    (tests/test_smoke.py): under a minute once the venv is built
+#                    (tests/test_smoke.py): under 30 s once the venv is built; the first time,
+#                    1-3 minutes more to install test-core (about 500 MB)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -qq
-# pip's own log (a line per package, and a progress bar for each download): the first
-# `make demo` shows what it is doing instead of sitting silent.
-PIP_LOG := $(BIN)/python -m pip --disable-pip-version-check
+# pip's own log (a line per package, and a progress bar for each download): a first install
+# shows what it is doing instead of sitting silent.
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+INSTALL := $(PIP) install --progress-bar on
 SUM    := $(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 STAMP  := $(VENV)/.stamp-$(SUM)
+CORE_STAMP  := $(VENV)/.core-stamp-$(SUM)
 DEMO_STAMP  := $(VENV)/.demo-stamp-$(SUM)
 BENCH_STAMP := $(VENV)/.bench-stamp-$(SUM)
+DOCS_STAMP  := $(VENV)/.docs-stamp-$(SUM)
 SRC    := $(wildcard shardloader tests benchmarks examples)
 
 # MXNet 2.0 (2.0.0b1) beside the default 1.9.1: its own venv, pinned by constraints-mx2.txt
@@ -32,34 +37,49 @@ SRC    := $(wildcard shardloader tests benchmarks examples)
 #                        a test file that fails to import under 2.0 fails it too.
 VENV2  := .venv-mx2
 BIN2   := $(VENV2)/bin
-PIP2   := $(BIN2)/python -m pip --disable-pip-version-check -qq
+PIP2   := $(BIN2)/python -m pip --disable-pip-version-check
+INSTALL2 := $(PIP2) install --progress-bar on
 STAMP2 := $(VENV2)/.stamp-$(shell cat pyproject.toml constraints-mx2.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
-.PHONY: test test-smoke demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
+.PHONY: test test-smoke test-quick demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	@echo "Installing shardloader and the test suite's dependencies into $(VENV) (MXNet 1.9.1,"
-	@echo "gluoncv, gluon-nlp, which compiles, OpenCV, scipy, pandas, ...: about 1 GB, 2-4 minutes"
-	@echo "the first time)."
-	$(PIP) install -c constraints.txt -e '.[test]'
+	@echo "gluoncv, gluon-nlp, which compiles for minutes without a line of output, OpenCV, scipy,"
+	@echo "pandas, ...: about 1 GB, 3-6 minutes the first time)."
+	$(INSTALL) -c constraints.txt -e '.[test]'
+	@# gluoncv without its opencv-python, which would own cv2 beside opencv-python-headless.
+	$(INSTALL) -c constraints.txt --no-deps gluoncv
 	rm -f $(VENV)/.stamp-* && touch $@
 
-# The demo needs shardloader, MXNet and the `vision` extra, nothing of the test suite's; a
-# venv that already has the test extra has all of it.
-$(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
+# The smoke tests and the demo each need a part of the test extra: installed on its own,
+# unless the venv already has the test extra, which includes it.
+# $(call part_of_test_extra,EXTRA,STAMP-PREFIX,WHAT-IT-SAYS): the recipe of such a stamp.
+define part_of_test_extra
 	@if [ -e $(STAMP) ]; then \
-		echo "$(VENV) already has the test extra, which includes what the demo needs"; \
+		echo "$(VENV) already has the test extra, which includes the $(1) extra"; \
 	else \
-		echo "Installing shardloader and what the demo needs into $(VENV): MXNet 1.9.1, numpy,"; \
-		echo "tqdm, simplejpeg and OpenCV (headless), about 430 MB; 1-3 minutes the first time,"; \
-		echo "most of it downloading MXNet (pip shows each package as it goes)."; \
-		$(PIP_LOG) install --progress-bar on -c constraints.txt -e '.[vision]' || exit 1; \
+		printf '%s\n' $($(3)); \
+		$(INSTALL) -c constraints.txt -e '.[$(1)]' || exit 1; \
 	fi
-	rm -f $(VENV)/.demo-stamp-* && touch $@
+	rm -f $(VENV)/.$(2)-stamp-* && touch $@
+endef
+CORE_SAYS = "Installing shardloader and what the smoke tests need into $(VENV): MXNet 1.9.1," \
+	"pytest, hypothesis, psutil, simplejpeg and OpenCV (headless), ruff, mypy, matplotlib:" \
+	"about 500 MB, 1-3 minutes the first time (pip shows each package as it goes)."
+DEMO_SAYS = "Installing shardloader and what the demo needs into $(VENV): MXNet 1.9.1, numpy," \
+	"tqdm, simplejpeg and OpenCV (headless), about 430 MB; 1-3 minutes the first time," \
+	"most of it downloading MXNet (pip shows each package as it goes)."
+
+$(CORE_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(call part_of_test_extra,test-core,core,CORE_SAYS)
+
+$(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(call part_of_test_extra,vision,demo,DEMO_SAYS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)
@@ -70,14 +90,19 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -q
 
-test-smoke: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m smoke tests/test_smoke.py $(ARGS)
+test-smoke: $(CORE_STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "smoke and not slow" tests/test_smoke.py $(ARGS)
+
+# A developer's loop: the whole suite less the tests marked slow (whole programs, soak,
+# distributed, property sweeps), no ruff or mypy. `make test` (and CI) runs everything.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 $(BIN2)/python:
 	$(PYTHON) -m venv $(VENV2)
 
 $(STAMP2): $(BIN2)/python pyproject.toml constraints-mx2.txt
-	$(PIP2) install -c constraints-mx2.txt -e '.[test-core]'
+	$(INSTALL2) -c constraints-mx2.txt -e '.[test-core]'
 	rm -f $(VENV2)/.stamp-* && touch $@
 
 test-mx2: $(STAMP2)
@@ -96,21 +121,27 @@ demo: $(DEMO_STAMP)
 # its own DataLoader, with and without try_nopython=True; its table is a section of its own.
 $(BENCH_STAMP): $(BIN)/python pyproject.toml constraints.txt
 	@echo "Installing shardloader and the benchmarks' dependencies into $(VENV)"
-	$(PIP) install -c constraints.txt -e '.[bench,vision]'
+	$(INSTALL) -c constraints.txt -e '.[bench,vision]'
 	rm -f $(VENV)/.bench-stamp-* && touch $@
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks.run $(ARGS)
 
 bench-mx2: $(STAMP2)
-	$(PIP2) install -c constraints-mx2.txt -e '.[bench]'
+	$(INSTALL2) -c constraints-mx2.txt -e '.[bench]'
 	$(BIN2)/python -m benchmarks.run $(ARGS)
 
 # The docs site: mkdocs with the Material theme and mkdocstrings, built into site/.
 # --strict turns every warning (a broken link, a page missing from the nav, a docstring
-# mkdocstrings cannot parse) into a failure.
-docs: $(STAMP)
-	$(PIP) install -c constraints.txt -e '.[docs]'
+# mkdocstrings cannot parse) into a failure. mkdocstrings reads the source without importing
+# it (mkdocs.yml), so the docs need the `docs` extra alone: no gluoncv, no test extra.
+$(DOCS_STAMP): $(BIN)/python pyproject.toml constraints.txt
+	@echo "Installing shardloader and the docs toolchain into $(VENV): mkdocs, mkdocs-material,"
+	@echo "mkdocstrings, and MXNet 1.9.1 (shardloader's own requirement): 1-2 minutes the first time."
+	$(INSTALL) -c constraints.txt -e '.[docs]'
+	rm -f $(VENV)/.docs-stamp-* && touch $@
+
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 format: $(STAMP)

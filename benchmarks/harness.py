@@ -219,6 +219,8 @@ _PRELOAD = [
     "mxnet.gluon.utils",
     "mxnet.gluon.data.vision",
     "shardloader",
+    # The package imports its modules on first use: the loader (and with it the engine).
+    "shardloader.loader",
     # Imported lazily by the loader: preloading them too makes every run of a benchmark use
     # the code as it was when the benchmark started, even if it is edited meanwhile.
     "shardloader._engine.ipc.table",

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .plot import plot
 from .summary import Cell, cell_dict, comparisons, median, summarise, summarise_extras
-from .tables import markdown
+from .tables import markdown, split
 from .targets import check_targets
 from .workloads import LOADERS
 
@@ -111,13 +111,30 @@ def load_results(path: str) -> Tuple[List[Cell], List[Dict[str, Any]], Dict[str,
 
 
 def publish(
-    md: str, png: Optional[str], doc_path: str, img_path: str, section: str = "results"
+    md: str,
+    png: Optional[str],
+    doc_path: str,
+    img_path: str,
+    section: str = "results",
+    details_path: Optional[str] = None,
 ) -> None:
-    """Put the results table between the markers of ``section`` in ``doc_path`` (appended
-    if missing) and copy the plot."""
+    """Put the results tables between the markers of ``section`` in ``doc_path`` (appended
+    if missing) and copy the plot. With ``details_path``, the headline tables go to
+    ``doc_path`` and the details (every cell, ...) to ``details_path``, section
+    ``{section}-cells``."""
+    if details_path is not None:
+        md, details = split(md)
+        _replace_section(details, details_path, f"{section}-cells", "# Benchmarks: method\n")
+    _replace_section(md, doc_path, section, "# Benchmarks\n")
+    if png is not None:
+        os.makedirs(os.path.dirname(img_path), exist_ok=True)
+        shutil.copyfile(png, img_path)
+
+
+def _replace_section(md: str, doc_path: str, section: str, title: str) -> None:
     begin, finish = markers(section)
     block = f"{begin}\n\n{md}\n{finish}"
-    text = "# Benchmarks\n"
+    text = title
     if os.path.exists(doc_path):
         with open(doc_path) as f:
             text = f.read()
@@ -128,6 +145,3 @@ def publish(
         text = text[:start] + block + text[end + len(finish) :]
     with open(doc_path, "w") as f:
         f.write(text)
-    if png is not None:
-        os.makedirs(os.path.dirname(img_path), exist_ok=True)
-        shutil.copyfile(png, img_path)

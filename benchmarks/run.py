@@ -52,6 +52,8 @@ from .workloads import (
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
 _DOC = os.path.join(_ROOT, "docs", "benchmarks.md")
+# The appendix: how the numbers are made, and every cell of each published run.
+_DOC_DETAILS = os.path.join(_ROOT, "docs", "benchmarks-method.md")
 # Per MXNet generation: the results directory, the section of docs/benchmarks.md and the plot.
 # Under MXNet 2.x (make bench-mx2) the run has its own table, beside 1.9.1's.
 _OUTPUTS = {
@@ -316,7 +318,11 @@ def _parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         "(default: all)",
     )
     parser.add_argument("--reps", type=int, help="repetitions of every cell (default 5/3)")
-    parser.add_argument("--publish", action="store_true", help="update docs/benchmarks.md")
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="update docs/benchmarks.md and docs/benchmarks-method.md",
+    )
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -366,9 +372,10 @@ def _finish(args: argparse.Namespace, cells, runs, machine, meta) -> int:
     if args.publish:
         _, section, image = _OUTPUTS[str(machine.get("mxnet") or "1").startswith("2")]
         img_path = os.path.join(_ROOT, "docs", "img", image)
-        report.publish(out["markdown"], out["paths"]["png"], _DOC, img_path, section)
+        report.publish(out["markdown"], out["paths"]["png"], _DOC, img_path, section, _DOC_DETAILS)
         print(
-            f"published to {os.path.relpath(_DOC, _ROOT)} ({section}) and "
+            f"published to {os.path.relpath(_DOC, _ROOT)} ({section}), "
+            f"{os.path.relpath(_DOC_DETAILS, _ROOT)} ({section}-cells) and "
             f"{os.path.relpath(img_path, _ROOT)}"
         )
     missed = [t.name for t in out["targets"] if t.status == "MISS"]

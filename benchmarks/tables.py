@@ -102,6 +102,20 @@ def fmt_target(t: Target) -> Tuple[str, str]:
     return measured + spread, need
 
 
+# The first line of the run's details (every cell, problems, W3's scaling, stacking): published
+# on the appendix page (docs/benchmarks-method.md), the headline tables before it on
+# docs/benchmarks.md.
+DETAILS_START = "**All cells**"
+
+
+def split(md: str) -> Tuple[str, str]:
+    """``md`` (from :func:`markdown`) as its headline tables and its details."""
+    at = md.find("\n" + DETAILS_START)
+    if at < 0:
+        return md, ""
+    return md[: at + 1], md[at + 1 :]
+
+
 def markdown(
     cells: Sequence[Cell],
     summary: Dict[str, Any],

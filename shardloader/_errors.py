@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import traceback
+import types
 from typing import Optional, Sequence
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "RecordIOError",
     "RemoteError",
     "SharedMemoryError",
+    "hide_internal_frames",
 ]
 
 
@@ -238,6 +240,37 @@ def _format_traceback(exc: BaseException) -> str:
         )
 
 
+# Every frame in here is shardloader's own: the ones a user's traceback can do without.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Set (to anything but "" or "0") to keep shardloader's frames in tracebacks.
+FULL_TRACEBACK_VARIABLE = "SHARDLOADER_FULL_TRACEBACK"
+
+
+def hide_internal_frames(exc: BaseException) -> BaseException:
+    """``exc`` with shardloader's own frames taken out of its traceback, to be raised from
+    the frame the user called (an iterator's ``__next__``): the traceback then shows the
+    user's line, that one frame, the user's own frames (a dataset's ``__getitem__``, a
+    ``batchify_fn``) and the message, not the stages in between. The whole traceback stays
+    on ``exc.shardloader_traceback``; ``SHARDLOADER_FULL_TRACEBACK=1`` keeps it in place."""
+    if os.environ.get(FULL_TRACEBACK_VARIABLE, "") not in ("", "0"):
+        return exc
+    full = exc.__traceback__
+    kept = []
+    tb = full
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            kept.append(tb)
+        tb = tb.tb_next
+    trimmed = None
+    for tb in reversed(kept):
+        trimmed = types.TracebackType(trimmed, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    try:
+        exc.shardloader_traceback = full  # type: ignore[attr-defined]
+    except AttributeError:  # a class with __slots__: keep what can be kept
+        return exc
+    return exc.with_traceback(trimmed)
+
+
 def _as_index_list(indices):
     """A batch's indices as a list when they are iterable; otherwise as given."""
     if indices is None:
@@ -349,13 +382,16 @@ class RemoteError:
             qualname,
         )
 
-    def describe(self) -> str:
-        """The message of the error rebuilt in the training process: the original error's
-        first line first (what went wrong, often what to do), then where it happened and
-        the worker's traceback."""
+    def describe(self, typed: bool = True) -> str:
+        """The message of the error rebuilt in the training process: the original message
+        first (what went wrong, often what to do), after its type's name when ``typed`` (for
+        a ``WorkerError`` standing in for it; an error of the original type shows its name
+        itself), then where it happened and the worker's traceback."""
         where = f"worker {self.worker_id}" if self.worker_id is not None else "the loader"
-        lines = (self.message or "").strip().splitlines()
-        head = f"{self.type_name}: {lines[0]}\n" if lines else ""
+        message = (self.message or "").strip()
+        head = ""
+        if message:
+            head = f"{self.type_name}: {message}\n" if typed else f"{message}\n"
         return (
             f"{head}Caught {self.type_name} in {where} while loading batch {self.seq} "
             f"(sample indices {short_indices(self.indices)}).\n"
@@ -383,15 +419,15 @@ class RemoteError:
     def rebuild(self) -> BaseException:
         """The exception to raise in the consumer: the original type if possible, else a
         ``WorkerError`` with the same message."""
-        message = self.describe()
         cls, why = self._class()
         error = None
         if cls is not None:
             if issubclass(cls, _ENDS_ITERATION):
                 why = f"a {cls.__name__} raised in the training loop would end the epoch early"
             else:
-                error, why = _instantiate(cls, message)
+                error, why = _instantiate(cls, self.describe(typed=False))
         if error is None:
+            message = self.describe()
             if why:
                 message = f"{message}\n(Raised as WorkerError: {why}.)"
             error = WorkerError(

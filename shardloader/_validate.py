@@ -70,10 +70,16 @@ def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
 
 
 def check_bool(name: str, value: Any) -> bool:
-    """``value`` if it is a bool (numpy's included), else a ``TypeError``."""
-    if not _is_bool(value):
-        raise TypeError(f"{name} must be a bool, got {value!r:.100} ({type(value).__name__})")
-    return bool(value)
+    """``value`` as a bool: a bool (numpy's included), or the int 0 or 1 (Gluon takes
+    ``shuffle=1``); anything else, a string such as ``'False'`` above all, is a ``TypeError``."""
+    if _is_bool(value):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(
+        f"{name} must be a bool (True or False; 0 and 1 also do), got {value!r:.100} "
+        f"({type(value).__name__})"
+    )
 
 
 def check_keywords(func: Callable) -> Callable:

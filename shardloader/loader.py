@@ -150,9 +150,10 @@ class ShardedDataLoader(_GluonDataLoader):
         Run a ``dataset.transform_first(Compose([...]))`` chain of Gluon's image transforms
         over an image dataset on the fused path: the workers decode the JPEGs with
         libjpeg-turbo, crop, resize and flip them, and normalise once per batch, giving
-        Gluon's batches within one uint8 level (docs/vision.md; needs
-        ``pip install shardloader[vision]``). ``stats()["image_path"]`` says which path ran
-        and why. ``False`` runs the transforms as they are.
+        Gluon's batches within one uint8 level (docs/vision.md; needs the
+        ``vision`` extra: simplejpeg and opencv-python-headless).
+        ``stats()["image_path"]`` says which path ran and why. ``False`` runs the
+        transforms as they are.
 
     Examples
     --------

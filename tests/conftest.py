@@ -263,7 +263,9 @@ def _warm_mxnet():
     # and shardloader before it forks anything, as a user's script run as __main__ has it
     # do (forkserver preloads __main__; pytest's imports neither), and as the benchmarks'
     # harness asks: each forkserver worker then starts in milliseconds, not seconds.
-    forkserver.set_forkserver_preload(["__main__", "mxnet", "shardloader"])
+    # (The package imports its modules on first use: shardloader.loader is what a script's
+    # `from shardloader import DataLoader` loads.)
+    forkserver.set_forkserver_preload(["__main__", "mxnet", "shardloader.loader"])
     resource_tracker.ensure_running()
     forkserver.ensure_running()  # (it imports them meanwhile: no shared memory, no descriptor)
     yield

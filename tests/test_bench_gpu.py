@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import gpu  # noqa: E402
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("no_leaks")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.usefixtures("no_leaks")]
 
 
 def test_one_round_on_cpu_measures_every_cell(tmp_path, capsys):

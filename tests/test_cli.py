@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,8 @@ HELP = [
                 "--stop-after-batches", "--cache-dir"]),
     (["bench"], ["--dataset", "--recordio", "--raw", "--no-transform", "--crop-size",
                  "--batch-size", "--workers", "--batches", "--epochs", "--thread-pool",
-                 "--step-ms", "--rounds", "--plot", "--progress", "--no-progress"]),
+                 "--step-ms", "--rounds", "--budget-s", "--plot", "--progress",
+                 "--no-progress"]),
 ]  # fmt: skip
 
 
@@ -91,15 +93,21 @@ def test_help_lists_every_option_and_version_prints_it(tmp_path):
     assert proc.stdout.strip() == f"shardloader {shardloader.__version__}"
 
 
-def test_help_does_not_import_the_subcommands(tmp_path):
+def test_help_and_usage_errors_import_neither_mxnet_nor_the_subcommands(tmp_path):
+    """``shardloader --help`` answers at once (it took 13-16 s on a loaded machine when the
+    package imported MXNet): neither --help nor a usage error loads MXNet."""
     code = (
         "import sys\n"
         "from shardloader.tools.cli import main\n"
-        "try:\n"
-        "    main(['demo', '--help'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "heavy = ['shardloader.tools.demo', 'shardloader.tools.bench',\n"
+        "for argv in (['--help'], ['demo', '--help'], ['bench', '--help'],\n"
+        "             ['bench', '--dataset', 'm:f', '--workers', '1,x'],\n"
+        "             ['bench', '--dataset', 'm:f', '--raw'],\n"
+        "             ['bench', '--recordio', 'no_such_file.rec']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = ['mxnet', 'shardloader.loader', 'shardloader.tools.demo',\n"
         "         'tqdm', 'matplotlib', 'psutil']\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
@@ -108,6 +116,11 @@ def test_help_does_not_import_the_subcommands(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+    started = time.monotonic()
+    proc = finish(start_cli("--help", cwd=tmp_path), timeout=30)
+    took = time.monotonic() - started
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: shardloader"), proc.stderr
+    assert took < 4.0, f"shardloader --help took {took:.1f} s"  # ~0.15 s on a quiet machine
 
 
 @pytest.mark.parametrize(
@@ -146,7 +159,11 @@ def test_resolve_factory_accepts_a_module_path(monkeypatch):
 
 # ------------------------------------------------------------------------------ bench
 # A row of the table: workers, loader, median samples/s, then its range over the rounds.
-ROW = re.compile(r"^\s+(\d+)\s+(shardloader|gluon)\s+([\d,]+)\s+([\d,]+)-([\d,]+)\s", re.MULTILINE)
+ROW = re.compile(
+    r"^\s+(\d+)\s+(shardloader|gluon|ImageRecordIter|ImageRecordLoader)\s+"
+    r"([\d,]+)\s+([\d,]+)-([\d,]+)\s",
+    re.MULTILINE,
+)
 VERDICT = re.compile(
     r"^(Recommendation: num_workers=[01]|Too noisy to decide|No setting meets)", re.MULTILINE
 )
@@ -161,6 +178,7 @@ def _prose(text: str) -> str:
     return " ".join(text.split())
 
 
+@pytest.mark.slow
 def test_bench_prints_medians_spreads_conditions_and_a_verdict(tmp_path):
     plot = tmp_path / "bench.png"
     proc = shardloader_cli(
@@ -179,7 +197,9 @@ def test_bench_prints_medians_spreads_conditions_and_a_verdict(tmp_path):
     ]  # fmt: skip
     for _, _, median, low, high in rows:
         assert _number(low) <= _number(median) <= _number(high)
-    assert "2 rounds, each run in a fresh process" in _prose(proc.stdout)
+    assert "2 rounds at most, within --budget-s 120, each run in a fresh process" in _prose(
+        proc.stdout
+    )
     assert re.search(
         r" Conditions: \d+ cores?, load average [\d.]+ at the start and [\d.]+ at the end; "
         r"other processes used [\d.]+ s of CPU",
@@ -202,7 +222,16 @@ def small_rec(tmp_path_factory):
     return Path(rec)
 
 
+@pytest.mark.slow
 def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
+    """--recordio measures ImageRecordIter and ImageRecordLoader beside the two loaders, with
+    a bar on a terminal (--progress), and a line per measurement when piped; --budget-s
+    stops the rounds."""
+    budget = start_cli(
+        "bench", "--recordio", str(small_rec), "--workers", "0", "--batches", "2",
+        "--batch-size", "8", "--crop-size", "32", "--rounds", "3", "--budget-s", "0.01",
+        cwd=tmp_path,
+    )  # fmt: skip
     proc = shardloader_cli(
         "bench", "--recordio", str(small_rec), "--workers", "0,1", "--batches", "3",
         "--batch-size", "8", "--crop-size", "32", "--rounds", "1", "--progress", cwd=tmp_path,
@@ -212,13 +241,27 @@ def test_bench_recordio_runs_the_gluon_image_pipeline(tmp_path, small_rec):
     assert "RandomResizedCrop(32), RandomFlipLeftRight, ToTensor, Normalize" in text
     assert "images: fused (stats()['image_path']" in text  # the path the images took
     assert "shuffled" in text
+    assert "also measured: ImageRecordIter, ImageRecordLoader, with the same crop" in text
+    loaders = ["ImageRecordIter", "ImageRecordLoader", "gluon", "shardloader"]
     assert sorted((r[0], r[1]) for r in ROW.findall(proc.stdout)) == [
-        ("0", "gluon"), ("0", "shardloader"), ("1", "gluon"), ("1", "shardloader"),
-    ]  # fmt: skip
+        (w, name) for w in "01" for name in loaders
+    ]
+    assert "Against mx.io.ImageRecordIter (preprocess_threads=num_workers, 1 for 0)" in text
+    assert re.search(r"num_workers=1: shardloader [\d.]+x \([\d.]+-[\d.]+\), ImageRecord", text)
     assert "One round: the spread is unknown" in text
     assert VERDICT.search(proc.stdout), proc.stdout
-    # (5 warm-up + 3 timed batches) x 2 worker counts x 2 loaders x 1 round
-    assert "bench:" in proc.stderr and "/32 " in proc.stderr
+    # (5 warm-up + 3 timed batches) x 2 worker counts x 4 loaders x 1 round
+    assert "bench:" in proc.stderr and "/64 " in proc.stderr
+    assert "round 1/1" not in proc.stdout  # the bar shows progress, not lines
+    # Piped, without --progress: a line per measurement; the budget ends the rounds.
+    proc = finish(budget)
+    assert_clean(proc)
+    lines = re.findall(r"^round 1/3: num_workers=0 (\S+): [\d,]+ samples/s$", proc.stdout, re.M)
+    assert sorted(lines) == loaders, proc.stdout
+    assert "round 2/3" not in proc.stdout
+    assert "stopped after 1 of 3 rounds: another would end past --budget-s 0.01" in proc.stdout
+    assert "3 rounds at most, within --budget-s 0.01" in _prose(proc.stdout)
+    assert "One round: the spread is unknown" in _prose(proc.stdout)
 
 
 def test_bench_recordio_explains_a_missing_or_broken_index(tmp_path, small_rec, capsys):
@@ -532,6 +575,7 @@ def test_cache_is_built_once_and_rebuilt_when_stale(tmp_path):
 
 
 # ------------------------------------------------------------------------------ demo runs
+@pytest.mark.slow
 def test_demo_runs_clean_in_the_default_cache_dir_and_compares_with_gluon(tmp_path):
     # --gluon runs the plain demo's training, then Gluon's: one run checks both.
     proc = shardloader_cli("demo", "--epochs", "1", "--gluon", *TINY, cwd=tmp_path)
@@ -543,6 +587,7 @@ def test_demo_runs_clean_in_the_default_cache_dir_and_compares_with_gluon(tmp_pa
     assert (tmp_path / ".shardloader-cache" / "demo" / "checkpoint" / "state.json").is_file()
 
 
+@pytest.mark.slow
 def test_demo_resumes_mid_epoch_to_the_same_result(tmp_path):
     options = ["demo", "--epochs", "2", "--num-workers", "1", *TINY]
     # The uninterrupted run (a cache of its own) goes on beside the interrupted one.

@@ -252,6 +252,7 @@ runpy.run_module("shardloader", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_ctrl_c_says_where_resume_will_continue(tmp_path):
     cache = tmp_path / "cache"

@@ -24,7 +24,7 @@ import pytest
 from shardloader import launch
 from shardloader.distributed import fail_fast, parts_from_kvstore
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = str(REPO / "tests" / "dist_worker.py")

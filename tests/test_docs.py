@@ -3,8 +3,10 @@ builds with ``mkdocs build --strict`` when mkdocs is installed.
 
 Each page runs in its own subprocess, in a temporary working directory, with its blocks
 executed in order in one namespace (a block may use what an earlier block on the same page
-defined). A page that hangs is killed, with everything it started, after
-``_PAGE_TIMEOUT_S``, so a hanging example fails its test instead of hanging the suite.
+defined). On the pages of ``_STANDALONE_PAGES`` each block gets a namespace of its own, so
+that it runs when pasted alone (it may still read a file an earlier block wrote). A page
+that hangs is killed, with everything it started, after ``_PAGE_TIMEOUT_S``, so a hanging
+example fails its test instead of hanging the suite.
 
 A block that must not run here (it needs a GPU, several machines or a cluster) is preceded
 by an HTML comment, ``<!-- skip-test -->``, best with the reason in it::
@@ -49,6 +51,8 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^
 _SKIP = re.compile(
     r"^\s*<!--\s*(?P<kind>skip-test|mxnet1-only|mxnet2-only)\b(?P<reason>.*?)-->\s*$"
 )
+# Pages whose every example runs by itself: each block in a fresh namespace.
+_STANDALONE_PAGES = ("docs/vision.md",)
 # Which marker skips a block under the MXNet in use.
 _SKIPPED_HERE = {"skip-test", "mxnet1-only" if MX2 else "mxnet2-only"}
 
@@ -123,10 +127,12 @@ def _skip_reason(page: Path, lines: List[str], fence_line: int, code: str) -> Op
 _RUNNER = r"""
 import json, sys, traceback, types
 blocks = json.load(sys.stdin)
-module = types.ModuleType("docs_page")
-module.__file__ = "docs_page.py"
-sys.modules["docs_page"] = module
+module = None
 for block in blocks:
+    if module is None or block["alone"]:
+        module = types.ModuleType("docs_page")
+        module.__file__ = "docs_page.py"
+        sys.modules["docs_page"] = module
     code = "\n" * (block["line"] - 1) + block["code"]
     try:
         exec(compile(code, block["page"], "exec"), module.__dict__)
@@ -138,8 +144,13 @@ for block in blocks:
 
 
 def _run_page(page: Path, blocks: List[Block], cwd: Path) -> subprocess.CompletedProcess:
+    alone = _rel(page) in _STANDALONE_PAGES
     payload = json.dumps(
-        [{"page": _rel(page), "line": b.line, "code": b.code} for b in blocks if b.skip is None]
+        [
+            {"page": _rel(page), "line": b.line, "code": b.code, "alone": alone}
+            for b in blocks
+            if b.skip is None
+        ]
     )
     env = dict(os.environ, MPLBACKEND="Agg", PYTHONUNBUFFERED="1", NO_MKDOCS_2_WARNING="1")
     proc = subprocess.Popen(
@@ -298,3 +309,20 @@ def test_worker_info_documents_every_field() -> None:
     attributes = doc.split("Attributes\n    ----------\n")[1]
     documented = re.findall(r"^    (\w+) : ", attributes, re.MULTILINE)
     assert documented == list(WorkerInfo._fields)
+
+
+def test_switching_lists_every_argument_of_the_loader() -> None:
+    """docs/switching.md promises every argument: each parameter of the loader has a row in
+    its tables (``fuse_transforms`` had none), and its signature block names them all."""
+    import inspect
+
+    from shardloader import ShardedDataLoader
+
+    page = (DOCS / "switching.md").read_text(encoding="utf-8")
+    rows = set()
+    for cell in re.findall(r"^\| ([^|]+) \|", page, re.MULTILINE):
+        rows.update(re.findall(r"`(\w+)`", cell))
+    signature = page.split("## The signature")[1].split("```")[1]
+    for name in inspect.signature(ShardedDataLoader).parameters:
+        assert name in rows, f"docs/switching.md has no row for {name}"
+        assert re.search(rf"\b{name}\b", signature), f"the signature block lacks {name}"

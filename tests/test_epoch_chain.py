@@ -274,15 +274,19 @@ def test_gluoncvs_random_transform_loader_over_shardloader():
 
 
 @pytest.mark.parametrize("name", ["shuffle", "pin_memory", "thread_pool", "auto_reload"])
-@pytest.mark.parametrize("value", ["False", "no", 0, None])
+@pytest.mark.parametrize("value", ["False", "no", 2, 0.0, None])
 def test_boolean_arguments_refuse_non_booleans(name, value):
-    with pytest.raises(TypeError, match=f"^{name} must be a bool, got "):
+    with pytest.raises(TypeError, match=rf"^{name} must be a bool \(True or False; 0 and 1 also"):
         DataLoader(np.arange(8), batch_size=2, **{name: value})
 
 
-def test_boolean_arguments_take_numpy_booleans():
-    with DataLoader(np.arange(8), batch_size=2, shuffle=np.bool_(False)) as loader:
-        assert len(_values(loader)) == 4
+@pytest.mark.parametrize("value", [1, 0, np.int64(1), np.bool_(True), np.bool_(False)])
+def test_boolean_arguments_take_what_gluon_takes(value):
+    """Gluon's DataLoader takes ``shuffle=1``; so does this one (and 0, numpy's bools)."""
+    with DataLoader(np.arange(8), batch_size=2, shuffle=value, seed=3) as loader:
+        got = [v for batch in _values(loader) for v in batch]
+    assert sorted(got) == list(range(8))
+    assert (got != list(range(8))) == bool(value)  # seed 3 shuffles 8 samples out of order
 
 
 @pytest.mark.mx2_smoke

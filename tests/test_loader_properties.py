@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from shardloader import ShardedDataLoader
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("no_leaks")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.usefixtures("no_leaks")]
 
 POOLS = st.sampled_from(
     [

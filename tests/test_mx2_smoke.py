@@ -3,7 +3,7 @@
 The tests marked ``mx2_smoke`` (all of this module, and a few elsewhere: the
 fork-after-training scenario of tests/test_scenarios.py, seeding with warnings as errors in
 tests/test_seeding.py, 2.x's extra dtypes, shape errors and C++ batchify handles in
-tests/test_hostile3_batchify.py, and others) cover, in about a minute: the loader against
+tests/test_batchify_versions_and_errors.py, and others) cover, in about a minute: the loader against
 Gluon's own batches with inline, thread and process workers (fork and spawn); each version's
 default array type and default batchify (2.x's ``Stack`` splits list samples); a worker's
 error; sharded steps; placement with ``ctx=`` and 2.x's ``device=``; mid-epoch resume; the

@@ -47,6 +47,7 @@ def test_batchify_inside_a_dataset_gets_its_own_memory(no_leaks, mode):
                 assert set(kinds) == {ARRAY_TYPE.__name__}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_rss_stays_flat_over_many_seeded_epochs(no_leaks, mode):

@@ -676,9 +676,9 @@ def test_fixed_bucket_matches_gluon_nlp(n, case, num_shards):
             "num_parts must be a positive int, got 0",
         ),
         (
-            lambda: PartitionSampler(SequentialSampler(3), 2, 0, even_size=1),
+            lambda: PartitionSampler(SequentialSampler(3), 2, 0, even_size=2),
             TypeError,
-            "even_size must be a bool, got 1",
+            r"even_size must be a bool \(True or False; 0 and 1 also do\), got 2",
         ),
         (lambda: SplitSampler(2, 3, 0), ValueError, "length must be at least num_parts=3, got 2"),
         (lambda: SplitSampler(9, 3, 0, repeat=0), ValueError, "repeat must be a positive int"),
@@ -721,7 +721,7 @@ def test_fixed_bucket_matches_gluon_nlp(n, case, num_shards):
         (
             lambda: SortedSampler([1, 2], reverse="yes"),
             TypeError,
-            "reverse must be a bool, got 'yes'",
+            r"reverse must be a bool \(True or False; 0 and 1 also do\), got 'yes'",
         ),
         (
             lambda: SortedBucketSampler([1, 2], 2, mult=0.5),

@@ -177,6 +177,7 @@ def test_training_on_two_devices_equals_the_one_device_replay(n, last_batch):
         assert stream == passes[: len(stream)]  # nothing lost or repeated, only carried
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_replay_with_process_workers(no_leaks):
     dataset = LinearDataset(17)

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from .._errors import hide_internal_frames as _hide_internal_frames
 from . import interrupts as _interrupts
 from .stage import Stage
 from .stats import Stats
@@ -112,6 +113,11 @@ class ConsumerStage(Stage):
             )
         try:
             return super().__next__()
+        except StopIteration:
+            raise
+        except Exception as error:
+            _hide_internal_frames(error)  # raised from the user's frame, the stages left out
+            raise error
         finally:
             self._busy.release()
 

@@ -50,8 +50,8 @@ class BatchifyTypeError(TypeError, ValueError):
 class BatchifyShapeError(ValueError):
     """Samples of one batch whose shapes cannot go into one batch (a ``ValueError``).
 
-    The first line of the message says what to do (pad the samples; for images, resize or
-    crop them), the second which samples differ and their shapes. A loader names the
+    The first line of the message says which samples differ and their shapes, the second
+    what to do (pad the samples; for images, resize or crop them). A loader names the
     samples by their dataset indices ("the image at dataset index 5"); a batchify function
     called directly names them by their position in the batch ("batch position 1").
 
@@ -63,11 +63,11 @@ class BatchifyShapeError(ValueError):
     ...     Stack()([np.zeros(3), np.zeros(4)])
     ... except BatchifyShapeError as exc:
     ...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
+    Cannot stack the sample at batch position 1, of shape (4,), with the one at batch
+    position 0, of shape (3,): the samples of a batch must have one shape.
     Pad the samples to one shape with batchify_fn=batchify.Pad(pad_val=0) (for samples of
     several fields, batchify.Tuple(batchify.Pad(pad_val=0), batchify.Stack())), or make them
     one shape in the dataset.
-    Cannot stack the sample at batch position 1, of shape (4,), with the one at batch
-    position 0, of shape (3,): the samples of a batch must have one shape.
     """
 
     # The loader's BatchMaker knows the batch's dataset indices and calls name_samples as

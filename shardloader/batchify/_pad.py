@@ -202,10 +202,10 @@ class Pad:
                 a != b for i, (a, b) in enumerate(zip(shape, first)) if i != axis
             ):
                 template = (
-                    f"Pad: only axis {axis} of the samples may differ; make the other axes one "
-                    f"size in the dataset, or pad another axis with Pad(axis=...).\n"
                     f"Cannot pad the sample at {{0}}, of shape {shape}, to the one at {{1}}, "
-                    f"of shape {first}."
+                    f"of shape {first}.\n"
+                    f"Pad: only axis {axis} of the samples may differ; make the other axes one "
+                    f"size in the dataset, or pad another axis with Pad(axis=...)."
                 )
                 raise BatchifyShapeError.about(template, (position, 0), len(arrays))
 

@@ -18,7 +18,7 @@ from ._arrays import (
 )
 from ._checks import BatchifyShapeError, _check_dtype, _describe, _mx_handle, _require_samples
 
-# What to do with samples of different shapes: the first line of a stacking error.
+# What to do with samples of different shapes: the second line of a stacking error.
 _PAD_HINT = (
     "Pad the samples to one shape with batchify_fn=batchify.Pad(pad_val=0) (for samples of "
     "several fields, batchify.Tuple(batchify.Pad(pad_val=0), batchify.Stack())), or make them "
@@ -83,8 +83,8 @@ def _image_layout(shape: tuple, first_shape: tuple) -> typing.Optional[str]:
 
 def _mismatch_error(position: int, shape, first_shape, count: int) -> BatchifyShapeError:
     """The error for the sample at ``position`` whose shape is not sample 0's: the first
-    line says what to do (resize or crop images, pad anything else), the second which
-    samples differ."""
+    line says which samples differ, the second what to do (resize or crop images, pad
+    anything else)."""
     shape, first_shape = tuple(shape), tuple(first_shape)
     layout = _image_layout(shape, first_shape)
     if layout is None:
@@ -100,8 +100,8 @@ def _mismatch_error(position: int, shape, first_shape, count: int) -> BatchifySh
         )
         what = f"image ({layout})"
     template = (
-        f"{hint}\nCannot stack the {what} at {{0}}, of shape {shape}, with the one at {{1}}, "
-        f"of shape {first_shape}: the samples of a batch must have one shape."
+        f"Cannot stack the {what} at {{0}}, of shape {shape}, with the one at {{1}}, "
+        f"of shape {first_shape}: the samples of a batch must have one shape.\n{hint}"
     )
     return BatchifyShapeError.about(template, (position, 0), count)
 
@@ -115,8 +115,8 @@ def _check_same_shapes(samples) -> None:
             raise _mismatch_error(position, shape, first_shape, len(samples))
         if None in shape:
             template = (
-                f"{_PAD_HINT}\nCannot stack the sample at {{0}}, of shape {shape}: its nested "
-                f"lists differ in length."
+                f"Cannot stack the sample at {{0}}, of shape {shape}: its nested lists differ "
+                f"in length.\n{_PAD_HINT}"
             )
             raise BatchifyShapeError.about(template, (position,), len(samples))
 

@@ -16,6 +16,7 @@ import numpy as np
 from mxnet.base import MXNetError
 
 from .._errors import RecordIOError
+from .._extras import install_hint
 from ._format import (
     PathLike,
     _default_idx_path,
@@ -63,9 +64,9 @@ def _image_encoder(img_fmt: str, quality: int) -> Callable[[Any, np.ndarray], by
         return lambda header, image: _pack(header, _png(image, level))
     if mx.recordio.cv2 is None:
         raise ImportError(
-            f"img_fmt={img_fmt!r} needs the OpenCV Python package (pip install "
-            "opencv-python): mx.recordio.pack_img encodes with cv2, and MXNet's built-in "
-            "OpenCV can only decode. img_fmt='.png' needs nothing extra."
+            f"img_fmt={img_fmt!r} needs the OpenCV Python package, in the 'vision' extra "
+            f"({install_hint('vision')}): mx.recordio.pack_img encodes with cv2, and MXNet's "
+            "built-in OpenCV can only decode. img_fmt='.png' needs nothing extra."
         )
 
     def encode(header: Any, image: np.ndarray) -> bytes:

@@ -38,14 +38,18 @@ import os
 import textwrap
 from typing import Any, Dict, List
 
+from .._extras import install_hint
 from .bench_conditions import Conditions, default_workers, usable_cores
-from .bench_data import BenchError, load_dataset, shuffled, uses_mxnet
-from .bench_report import format_table, plot, recommend, summarize
+from .bench_data import BenchError, image_pipeline_loaders, load_dataset, shuffled, uses_mxnet
+from .bench_report import against_record_iter, format_table, plot, recommend, summarize
 from .bench_timing import factories, measure_all, planned_batches
 
 __all__ = ["BenchError", "run"]
 
 _DEFAULT_BATCHES = 100
+# Decoding and augmenting images costs milliseconds a sample: fewer timed batches a run keep
+# --recordio's four loaders within the default --budget-s.
+_DEFAULT_IMAGE_BATCHES = 20
 _WIDTH = 100
 
 
@@ -66,6 +70,8 @@ def _say(text: str, indent: str = "") -> None:
 def _report(rows: List[Dict], conditions: Conditions, args: argparse.Namespace, mxnet_ops: bool):
     print()
     print("\n".join(format_table(rows)))
+    for line in against_record_iter(rows):
+        print(line)
     print()
     _say(conditions.describe())
     if conditions.busy:
@@ -148,12 +154,13 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise BenchError(
-            "--plot needs matplotlib, which is not installed: pip install matplotlib "
-            "(or pip install 'shardloader[bench]')"
+            "--plot needs matplotlib, which is not installed; the 'bench' extra has it: "
+            + install_hint("bench")
         )
     _workers(args)
     dataset, described, batchify_fn = load_dataset(args)
-    batches = None if args.epochs else (args.batches or _DEFAULT_BATCHES)
+    default = _DEFAULT_IMAGE_BATCHES if image_pipeline_loaders(args) else _DEFAULT_BATCHES
+    batches = None if args.epochs else (args.batches or default)
     amount = f"{args.epochs} epoch(s)" if args.epochs else f"{batches} batches"
     pool = "threads" if args.thread_pool else "processes"
     step = ", shuffled" if shuffled(args) else ""
@@ -162,15 +169,19 @@ def run(args: argparse.Namespace) -> int:
         f"shardloader bench: {described}, {len(dataset):,} samples, batch size "
         f"{args.batch_size}, {amount} timed per run after a warm-up, workers are {pool}"
         f"{step}; num_workers {','.join(map(str, args.workers))}, {args.rounds} round"
-        f"{'s' if args.rounds != 1 else ''}, each run in a fresh process"
+        f"{'s' if args.rounds != 1 else ''}"
+        + (f" at most, within --budget-s {args.budget_s:g}" if args.budget_s else "")
+        + ", each run in a fresh process"
     )
     path = image_path(dataset, batchify_fn)
     if path != "exact":  # only where images are concerned: fused, or why not
         _say(f"images: {path} (stats()['image_path']; docs/vision.md)")
-    total = planned_batches(len(dataset), args, batches)
-    measured: Dict[str, Any] = measure_all(
-        factories(dataset, batchify_fn, args), args, batches, total
-    )
+    makers = factories(dataset, batchify_fn, args)
+    if len(makers) > 2:
+        _say(f"also measured: {', '.join(list(makers)[2:])}, with the same crop and flip")
+    total = planned_batches(len(dataset), args, batches, len(makers))
+    measured: Dict[str, Any] = measure_all(makers, args, batches, total)
+    args.rounds = measured["rounds"]  # fewer when the budget ran out
     rows = summarize(measured["runs"])
     ours = [r for r in rows if r["loader"] == "shardloader"]
     if all("error" in r for r in ours):

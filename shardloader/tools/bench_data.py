@@ -127,6 +127,75 @@ def _load_file(path: str) -> Any:
 _MEAN = (0.485, 0.456, 0.406)
 _STD = (0.229, 0.224, 0.225)
 _DEFAULT_CROP = 224
+# Gluon's RandomResizedCrop defaults (area 8-100% of the image, aspect ratio 3/4 to 4/3) and
+# ImageNet's statistics in pixel units, as ImageRecordIter and ImageRecordLoader spell them:
+# the same augmentation as the Gluon pipeline, so the loaders do the same work.
+_RECORD_ITER_ARGS = dict(
+    random_resized_crop=True,
+    min_random_area=0.08,
+    max_random_area=1.0,
+    min_aspect_ratio=3.0 / 4.0,
+    max_aspect_ratio=4.0 / 3.0,
+    rand_mirror=True,
+    shuffle=True,
+    **{f"mean_{c}": 255.0 * m for c, m in zip("rgb", _MEAN)},
+    **{f"std_{c}": 255.0 * s for c, s in zip("rgb", _STD)},
+)
+
+
+def crop_size(args: argparse.Namespace) -> int:
+    """The ``--recordio`` pipeline's crop: ``--crop-size``, or 224."""
+    return getattr(args, "crop_size", None) or _DEFAULT_CROP
+
+
+def image_pipeline_loaders(args: argparse.Namespace) -> bool:
+    """Whether ``args`` run the ``--recordio`` image pipeline, which ``mx.io.ImageRecordIter``
+    and ``ImageRecordLoader`` can run too (not ``--raw`` or ``--no-transform``)."""
+    return bool(args.recordio) and not args.raw and not getattr(args, "no_transform", False)
+
+
+class RecordIterLoader:
+    """``mx.io.ImageRecordIter`` over ``--recordio`` with the pipeline's augmentation (in
+    C++), ``preprocess_threads=max(1, workers)``; iterable once per epoch like a DataLoader,
+    yielding ``[data, label]``."""
+
+    def __init__(self, args: argparse.Namespace, workers: int) -> None:
+        import mxnet as mx
+
+        crop = crop_size(args)
+        self._iter = mx.io.ImageRecordIter(
+            path_imgrec=args.recordio,
+            path_imgidx=index_path(args.recordio),
+            data_shape=(3, crop, crop),
+            batch_size=args.batch_size,
+            preprocess_threads=max(1, workers),
+            **_RECORD_ITER_ARGS,
+        )
+        self._started = False
+
+    def __iter__(self):
+        if self._started:
+            self._iter.reset()
+        self._started = True
+        for batch in self._iter:
+            yield [batch.data[0], batch.label[0]]
+
+
+def record_loader(args: argparse.Namespace, workers: int) -> Any:
+    """``shardloader.vision.ImageRecordLoader`` over ``--recordio`` with ImageRecordIter's
+    arguments as :class:`RecordIterLoader` passes them, ``preprocess_threads=workers``."""
+    from ..vision import ImageRecordLoader
+
+    crop = crop_size(args)
+    return ImageRecordLoader(
+        args.recordio,
+        index_path(args.recordio),
+        data_shape=(3, crop, crop),
+        batch_size=args.batch_size,
+        preprocess_threads=workers,
+        thread_pool=args.thread_pool,
+        **_RECORD_ITER_ARGS,
+    )
 
 
 def image_pipeline(rec_path: str, crop: int = _DEFAULT_CROP) -> Any:
@@ -148,13 +217,19 @@ def image_pipeline(rec_path: str, crop: int = _DEFAULT_CROP) -> Any:
     return ImageRecordDataset(rec_path).transform_first(augment)
 
 
+def index_path(rec_path: str) -> str:
+    """Where the index of ``rec_path`` is (next to it, where Gluon looks): every loader of
+    ``--recordio`` gets its paths from here and :func:`_check_record_files`."""
+    return os.path.splitext(rec_path)[0] + ".idx"
+
+
 def _check_record_files(rec_path: str) -> str:
     """The index path of ``rec_path``, or a BenchError saying what is missing."""
     if os.path.isdir(rec_path):
         raise BenchError(f"--recordio: {rec_path!r} is a directory, not a .rec file")
     if not os.path.isfile(rec_path):
         raise BenchError(f"--recordio: no such file {rec_path!r}")
-    idx_path = os.path.splitext(rec_path)[0] + ".idx"
+    idx_path = index_path(rec_path)
     if not os.path.isfile(idx_path):
         raise BenchError(
             f"--recordio: no index {idx_path!r} next to {rec_path!r}. The benchmark reads "
@@ -184,9 +259,9 @@ def _first_sample(dataset: Any, rec_path: str, what: str) -> None:
 def load_dataset(args: argparse.Namespace) -> Tuple[Any, str, Optional[Callable]]:
     """The dataset, a description of it, and the batchify function both loaders get."""
     if args.recordio:
+        _check_record_files(args.recordio)  # before MXNet is imported: a typo fails at once
         from ..recordio import ImageRecordDataset, RecordDataset
 
-        _check_record_files(args.recordio)
         if args.raw:
             from ..batchify import List as ListBatchify
 
@@ -195,7 +270,7 @@ def load_dataset(args: argparse.Namespace) -> Tuple[Any, str, Optional[Callable]
             dataset = ImageRecordDataset(args.recordio)
             _first_sample(dataset, args.recordio, "an image")
             return dataset, f"decoded images of {args.recordio}", None
-        crop = getattr(args, "crop_size", None) or _DEFAULT_CROP
+        crop = crop_size(args)
         dataset = image_pipeline(args.recordio, crop)
         _first_sample(dataset, args.recordio, "an image")
         described = (
@@ -245,5 +320,4 @@ def uses_mxnet(dataset: Any, args: argparse.Namespace) -> bool:
 
 def shuffled(args: argparse.Namespace) -> bool:
     """``--shuffle``, or the ``--recordio`` image pipeline, which trains shuffled."""
-    pipeline = bool(args.recordio) and not args.raw and not getattr(args, "no_transform", False)
-    return bool(args.shuffle) or pipeline
+    return bool(args.shuffle) or image_pipeline_loaders(args)

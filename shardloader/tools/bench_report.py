@@ -11,9 +11,22 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-__all__ = ["LOADERS", "Advice", "summarize", "recommend", "format_table", "plot"]
+__all__ = [
+    "LOADERS",
+    "RECORD_LOADERS",
+    "Advice",
+    "summarize",
+    "recommend",
+    "format_table",
+    "against_record_iter",
+    "plot",
+]
 
 LOADERS = ("shardloader", "gluon")
+# With --recordio's image pipeline, also: MXNet's C++ iterator, and shardloader's loader that
+# takes its arguments.
+RECORD_LOADERS = ("ImageRecordIter", "ImageRecordLoader")
+_ORDER = ("shardloader", "ImageRecordLoader", "gluon", "ImageRecordIter")
 _MB = 1024.0 * 1024.0
 # Worker counts within this share of the best throughput count as "as fast".
 _WITHIN_BEST = 0.05
@@ -64,14 +77,39 @@ def summarize(runs: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[Dict[st
             "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
             "batch_bytes": _median([r["batch_bytes"] for r in results]),
         }
-        theirs = runs.get((workers, "gluon"), [])
-        if name == "shardloader" and theirs and not any("error" in r for r in theirs):
+        for baseline, key in (("gluon", "ratio"), ("ImageRecordIter", "vs_iter")):
+            theirs = runs.get((workers, baseline), [])
+            if name in (baseline, "ImageRecordIter") or not theirs:
+                continue
+            if any("error" in r for r in theirs):
+                continue
             # Paired by round: both ran back to back, under the same load.
             ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in zip(results, theirs)]
-            row.update(ratio=_median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+            row.update({key: _median(ratios), f"{key}_min": min(ratios), f"{key}_max": max(ratios)})
         rows.append(row)
-    rows.sort(key=lambda r: (r["workers"], LOADERS.index(r["loader"])))
+    rows.sort(key=lambda r: (r["workers"], _ORDER.index(r["loader"])))
     return rows
+
+
+def against_record_iter(rows: List[Dict[str, Any]]) -> List[str]:
+    """For ``--recordio``: each loader's paired ratio to ``mx.io.ImageRecordIter``, a line per
+    worker count (none without ImageRecordIter's rows)."""
+    lines = []
+    for workers in sorted({r["workers"] for r in rows if "vs_iter" in r}):
+        parts = [
+            f"{r['loader']} {r['vs_iter']:.2f}x "
+            f"({_fmt_range(r['vs_iter_min'], r['vs_iter_max'], '.2f')})"
+            for r in rows
+            if r["workers"] == workers and "vs_iter" in r
+        ]
+        lines.append(f"  num_workers={workers}: " + ", ".join(parts))
+    if not lines:
+        return []
+    head = (
+        "Against mx.io.ImageRecordIter (preprocess_threads=num_workers, 1 for 0), "
+        "samples/s paired per round, median (min-max):"
+    )
+    return [head, *lines]
 
 
 def spread(row: Dict[str, Any]) -> float:
@@ -107,7 +145,7 @@ def recommend(rows: List[Dict[str, Any]], step_ms: float) -> Advice:
                 f"{worst['rate_min']:,.0f} to {worst['rate_max']:,.0f} samples/s, "
                 f"{spread(worst):.0%} of their median; worker counts "
                 f"{_WITHIN_BEST:.0%} apart cannot be told apart. Run again on a quieter "
-                "machine, or with more --rounds or --batches."
+                "machine, or with more --rounds (and a --budget-s that fits them) or --batches."
             ],
         )
     why = []
@@ -168,21 +206,22 @@ def _fmt_range(low: float, high: float, fmt: str) -> str:
 
 def format_table(rows: List[Dict[str, Any]]) -> List[str]:
     """The rows as aligned text: medians over the rounds, with the range of the throughput
-    and of shardloader's paired ratio to Gluon."""
+    and of each loader's paired ratio to Gluon."""
+    width = max([12] + [len(r["loader"]) + 1 for r in rows])
     header = (
-        f"{'workers':>7}  {'loader':<12}{'samples/s':>10}{'(min-max)':>16}{'data stall':>12}"
+        f"{'workers':>7}  {'loader':<{width}}{'samples/s':>10}{'(min-max)':>16}{'data stall':>12}"
         f"{'first batch':>13}{'peak RSS':>10}  {'vs gluon (min-max)'}"
     )
     lines = [header, "-" * (len(header) + 4)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['workers']:>7}  {r['loader']:<12}  failed: {r['error']}")
+            lines.append(f"{r['workers']:>7}  {r['loader']:<{width}}  failed: {r['error']}")
             continue
         ratio = ""
         if "ratio" in r:
             ratio = f"{r['ratio']:.2f}x ({_fmt_range(r['ratio_min'], r['ratio_max'], '.2f')})"
         lines.append(
-            f"{r['workers']:>7}  {r['loader']:<12}{r['samples_per_s']:>10,.0f}"
+            f"{r['workers']:>7}  {r['loader']:<{width}}{r['samples_per_s']:>10,.0f}"
             f"{_fmt_range(r['rate_min'], r['rate_max'], ',.0f'):>16}{r['stall']:>12.1%}"
             f"{_fmt_time(r['first_batch_s']):>13}{r['peak_rss_mb']:>7.0f} MB  {ratio}".rstrip()
         )
@@ -198,7 +237,7 @@ def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in LOADERS:
+    for name in _ORDER:
         mine = sorted(
             (r for r in rows if r["loader"] == name and "error" not in r),
             key=lambda r: r["workers"],
@@ -207,7 +246,9 @@ def plot(rows: List[Dict[str, Any]], path: str, title: str) -> None:
         y = [r["samples_per_s"] for r in mine]
         err = [[r["samples_per_s"] - r["rate_min"] for r in mine]]
         err.append([r["rate_max"] - r["samples_per_s"] for r in mine])
-        label = "shardloader" if name == "shardloader" else "Gluon DataLoader"
+        if not mine:
+            continue
+        label = "Gluon DataLoader" if name == "gluon" else name
         ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=label)
     ax.set_xticks(sorted({r["workers"] for r in rows}))
     ax.set_xlabel("num_workers")

@@ -25,11 +25,18 @@ import multiprocessing
 import struct
 import time
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .bench_conditions import Conditions
-from .bench_data import BenchError, one_line, shuffled
-from .bench_report import LOADERS
+from .bench_data import (
+    BenchError,
+    RecordIterLoader,
+    image_pipeline_loaders,
+    one_line,
+    record_loader,
+    shuffled,
+)
+from .bench_report import RECORD_LOADERS
 from .measure import PeakMemory, count_samples, touch
 
 __all__ = [
@@ -183,7 +190,9 @@ def _timed(loader):
 
 
 def factories(dataset, batchify_fn, args) -> Dict[str, Callable[[int], Any]]:
-    """For each loader of :data:`LOADERS`, a function of ``num_workers`` that builds it."""
+    """For each loader to measure, a function of ``num_workers`` that builds it: shardloader
+    and Gluon's DataLoader; for the ``--recordio`` image pipeline also ``mx.io.ImageRecordIter``
+    and ``ImageRecordLoader``, with the same crop, flip and normalisation."""
     from mxnet import gluon
 
     from .. import ShardedDataLoader
@@ -191,10 +200,15 @@ def factories(dataset, batchify_fn, args) -> Dict[str, Callable[[int], Any]]:
     common = dict(batch_size=args.batch_size, shuffle=shuffled(args), thread_pool=args.thread_pool)
     if batchify_fn is not None:
         common["batchify_fn"] = batchify_fn
-    return {
+    makers: Dict[str, Callable[[int], Any]] = {
         "shardloader": lambda w: ShardedDataLoader(dataset, num_workers=w, **common),
         "gluon": lambda w: gluon.data.DataLoader(dataset, num_workers=w, **common),
     }
+    if image_pipeline_loaders(args):
+        iter_name, loader_name = RECORD_LOADERS
+        makers[iter_name] = partial(RecordIterLoader, args)
+        makers[loader_name] = partial(record_loader, args)
+    return makers
 
 
 # ------------------------------------------------------------------------------ isolation
@@ -289,7 +303,9 @@ def _progress_bar(total: Optional[int], enabled: Optional[bool]) -> Any:
     )
 
 
-def planned_batches(dataset_len: int, args: argparse.Namespace, batches) -> Optional[int]:
+def planned_batches(
+    dataset_len: int, args: argparse.Namespace, batches, loaders: int = 2
+) -> Optional[int]:
     """The batches the whole command reads: every run of every round, warm-up included."""
     per_epoch = max(1, -(-dataset_len // args.batch_size))
     total = 0
@@ -297,32 +313,53 @@ def planned_batches(dataset_len: int, args: argparse.Namespace, batches) -> Opti
         warmup = warmup_batches(workers)
         per_run = warmup + batches if batches is not None else max(warmup, args.epochs * per_epoch)
         total += per_run
-    return total * len(LOADERS) * args.rounds
+    return total * loaders * args.rounds
 
 
-def _order(index: int, round_: int) -> Tuple[str, ...]:
-    """Which loader of a pair goes first: alternating between worker counts and rounds."""
-    return LOADERS if (index + round_) % 2 == 0 else LOADERS[::-1]
+def _order(names: Sequence[str], index: int, round_: int) -> Sequence[str]:
+    """The loaders of a worker count in the order they run, back to back: reversed every
+    other worker count and round, so that none always goes first."""
+    return names if (index + round_) % 2 == 0 else names[::-1]
+
+
+def _line(round_: int, rounds: int, workers: int, name: str, result: Dict[str, Any]) -> str:
+    """One finished measurement, for output that is not a terminal."""
+    what = (
+        f"failed: {result['error']}"
+        if "error" in result
+        else f"{result['samples_per_s']:,.0f} samples/s"
+    )
+    return f"round {round_ + 1}/{rounds}: num_workers={workers} {name}: {what}"
 
 
 def measure_all(makers, args: argparse.Namespace, batches: Optional[int], total=None) -> Dict:
-    """Every ``(workers, loader)`` run of ``args.rounds`` rounds, each in a fresh process.
+    """Every ``(workers, loader)`` run of up to ``args.rounds`` rounds, each in a fresh
+    process. No round starts that would end past ``args.budget_s`` seconds (0: no budget;
+    going by the last round's time); the first always runs.
+
+    Progress goes to a bar on a terminal (``args.progress``), otherwise a line a measurement.
 
     Returns
     -------
     dict
         ``runs``: ``{(workers, loader): [result of each round]}``; ``conditions``: the
-        :class:`~.bench_conditions.Conditions` the runs were made in.
+        :class:`~.bench_conditions.Conditions` the runs were made in; ``rounds``: how many
+        ran.
     """
+    started = time.monotonic()
+    budget = getattr(args, "budget_s", 0.0) or 0.0
     memory = peak_memory()
     print(f"peak RSS by {memory.method}", flush=True)
     warm_up(makers)
+    names = list(makers)
     runs: Dict[Tuple[int, str], List[Dict[str, Any]]] = {}
     conditions = Conditions()
+    rounds = 0
     with conditions, _progress_bar(total, getattr(args, "progress", None)) as bar:
         for round_ in range(args.rounds):
+            round_start = time.monotonic()
             for i, workers in enumerate(args.workers):
-                for name in _order(i, round_):
+                for name in _order(names, i, round_):
                     bar.set_postfix_str(f"{name}, num_workers={workers}", refresh=False)
                     task = partial(
                         _run_task,
@@ -332,8 +369,21 @@ def measure_all(makers, args: argparse.Namespace, batches: Optional[int], total=
                         args.step_ms / 1e3,
                         warmup_batches(workers),
                     )
-                    runs.setdefault((workers, name), []).append(run_isolated(task, bar.update))
-    return {"runs": runs, "conditions": conditions}
+                    result = run_isolated(task, bar.update)
+                    runs.setdefault((workers, name), []).append(result)
+                    if bar.disable:
+                        print(_line(round_, args.rounds, workers, name, result), flush=True)
+            rounds += 1
+            now = time.monotonic()
+            if budget and rounds < args.rounds and now + (now - round_start) > started + budget:
+                bar.clear()
+                print(
+                    f"stopped after {rounds} of {args.rounds} rounds: another would end past "
+                    f"--budget-s {budget:g} ({now - started:.0f} s so far)",
+                    flush=True,
+                )
+                break
+    return {"runs": runs, "conditions": conditions, "rounds": rounds}
 
 
 def warm_up(makers: Dict[str, Callable[[int], Any]]) -> None:

@@ -1,7 +1,8 @@
 """The ``shardloader`` command line: ``shardloader demo`` and ``shardloader bench``.
 
-Only ``argparse`` is imported here; each subcommand imports its module when it runs, so
-``--help`` stays quick. (Importing the ``shardloader`` package itself still loads MXNet.)
+Only ``argparse`` is imported here; each subcommand imports its module when it runs, and
+the ``shardloader`` package imports its modules on first use, so ``--help`` and usage errors
+never load MXNet and answer at once.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ _BENCH = dict(
         "train with: mx.gluon.data.vision.ImageRecordDataset(FILE.rec).transform_first(\n"
         "Compose([RandomResizedCrop(SIZE), RandomFlipLeftRight(), ToTensor(),\n"
         "Normalize(ImageNet mean, std)])), shuffled. The index FILE.idx must sit next to\n"
-        "FILE.rec, where Gluon looks for it."
+        "FILE.rec, where Gluon looks for it. mx.io.ImageRecordIter and shardloader's\n"
+        "ImageRecordLoader run in the same rounds, with the same augmentation."
     ),
     formatter_class=argparse.RawDescriptionHelpFormatter,
 )
@@ -214,8 +216,16 @@ def _add_runs(bench: argparse.ArgumentParser) -> None:
         type=_positive_int,
         default=5,
         metavar="R",
-        help="rounds: every configuration is measured R times, the loaders alternating, and "
-        "the table gives the median and the range (default 5)",
+        help="rounds: every configuration is measured up to R times, the loaders "
+        "alternating, and the table gives the median and the range (default 5)",
+    )
+    bench.add_argument(
+        "--budget-s",
+        type=_non_negative_float,
+        default=120.0,
+        metavar="S",
+        help="start no round that would end past S seconds (judged by the round before; the "
+        "first always runs): fewer rounds, less confidence (default 120; 0: all --rounds)",
     )
     bench.add_argument("--plot", metavar="OUT.png", help="save a plot (needs matplotlib)")
     progress = bench.add_mutually_exclusive_group()

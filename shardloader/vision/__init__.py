@@ -10,7 +10,7 @@ slot: the float32 NCHW batch Gluon's transforms would have produced (docs/vision
 - ``ImagePipeline``: a pipeline described by its parameters, for new code;
 - ``ImageRecordLoader`` and ``image_record_iter``: ``mx.io.ImageRecordIter``'s arguments;
 - ``normalize``: ToTensor and Normalize for a uint8 batch on its device;
-- ``available()``: whether the codecs (``pip install shardloader[vision]``) are installed.
+- ``available()``: whether the codecs (the ``vision`` extra) are installed.
 
 Modules: ``_codecs`` (the only one importing simplejpeg and cv2), ``_ops`` (the geometric
 steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each

@@ -1,8 +1,8 @@
 """The codecs of the fused path: libjpeg-turbo through ``simplejpeg``, OpenCV for pixels.
 
-Both are optional (``pip install shardloader[vision]``); this is the one module that imports
-them, lazily, so ``import shardloader.vision`` works without them and ``available()`` says
-whether the fused path can run.
+Both are optional (the ``vision`` extra; ``INSTALL_HINT`` says how to install it); this is the
+one module that imports them, lazily, so ``import shardloader.vision`` works without them and
+``available()`` says whether the fused path can run.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from .._extras import install_hint
 from ..recordio import _imagesize
 
-INSTALL_HINT = "pip install shardloader[vision]"
+INSTALL_HINT = install_hint("vision")
 
 # libjpeg-turbo cannot turn these into RGB; MXNet's decoder (OpenCV) can.
 _UNFUSED_COLORSPACES = ("CMYK", "YCCK")
@@ -40,7 +41,7 @@ def available() -> bool:
     Returns
     -------
     bool
-        ``False`` when the ``vision`` extra is missing (``pip install shardloader[vision]``);
+        ``False`` when the ``vision`` extra is missing (``INSTALL_HINT`` says how to install it);
         every loader then takes the exact path, as it would without this package.
     """
     return modules() is not None

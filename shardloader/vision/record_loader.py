@@ -184,8 +184,10 @@ class ImageRecordLoader(ShardedDataLoader):
 
     Parameters
     ----------
-    path_imgrec, path_imgidx : str
-        The ``.rec`` file and its ``.idx`` (by default next to it).
+    path_imgrec : str
+        The ``.rec`` file of images.
+    path_imgidx : str, optional
+        Its index; by default the ``.idx`` file next to it (``path_imgrec`` with ``.idx``).
     data_shape : (channels, height, width), default (3, 224, 224)
         The output shape; 1 channel decodes to grey.
     batch_size : int

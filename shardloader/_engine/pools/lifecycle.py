@@ -37,7 +37,7 @@ from ..._errors import LoaderTimeoutError
 from .. import protocol, timing
 from ..ipc.sides import MainSide
 from ..protocol import Failed
-from . import finalizing
+from .base import finalizing
 
 __all__ = [
     "WorkerProcess",

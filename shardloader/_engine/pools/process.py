@@ -27,7 +27,8 @@ from ..ipc.sides import MainSide
 from ..ipc.table import SlotTable
 from ..protocol import Failed, Release, Reply, Result, Task, Work, WorkerLost
 from ..worker import Payload, ProcessSetup, WorkerInfo, process_worker_main
-from . import fresh_entropy, lifecycle
+from . import lifecycle
+from .base import fresh_entropy
 from .lifecycle import WorkerProcess
 
 _worker_keys = itertools.count()

@@ -17,7 +17,7 @@ from .. import timing
 from ..batch import BatchMaker
 from ..protocol import Result, Task, WorkerLost
 from ..worker import WorkerInfo, thread_worker_main
-from . import finalizing, fresh_entropy
+from .base import finalizing, fresh_entropy
 
 
 def _shutdown_threads(

@@ -1,13 +1,13 @@
-"""Issue 22 (third hostile test), items 12, 14 and 15, and issue 24's stacking errors: what
-batchify got wrong against MXNet 2.x, gluon-nlp and a new user.
+"""batchify across MXNet versions and gluon-nlp, and its shape errors (issue 22, the third
+hostile test, items 12, 14 and 15; issue 24's stacking errors):
 
 - item 12: the dtypes a batch may have follow the installed MXNet (2.x adds int16, uint16,
   uint32 and uint64), in every mode;
 - item 14: under 2.x, the batchify objects whose Gluon 2.x equivalent has a C++ handle
   (``__mx_handle__``) have one too, and a loader hands them to Gluon's C++ pipeline;
 - item 15: gluon-nlp's ``Pad`` warns when no ``pad_val`` is given, and so does ours;
-- issue 24: a stacking error names the dataset index of the odd sample and says what to do
-  in its first line (a resize or crop for images).
+- issue 24: a stacking error names the dataset index of the odd sample in its first line,
+  and says what to do in its second (a resize or crop for images).
 """
 
 from __future__ import annotations
@@ -134,11 +134,11 @@ def _own_message(error) -> str:
 @pytest.mark.parametrize("backend", ["inline", "thread", "fork"])
 def test_images_of_two_sizes_name_the_dataset_index_and_say_resize_or_crop(backend, no_leaks):
     """Issue 24: "cannot stack sample 1 of shape ..." counted samples by their position in
-    the batch and advised Pad, which would frame images in borders. The message now starts
-    with what to do and names the odd image by its dataset index."""
+    the batch and advised Pad, which would frame images in borders. The message names the
+    odd image by its dataset index, then says what to do."""
     error = _stacking_error(OddOneOut((32, 40, 3)), backend)
     message = _own_message(error)
-    first, second = message.splitlines()
+    second, first = message.splitlines()
     assert first.startswith("Resize or crop the images to one size in the dataset's transform")
     assert "transforms.Resize((40, 32)) or CenterCrop((40, 32))" in first  # (width, height)
     assert "Pad" not in first
@@ -146,8 +146,8 @@ def test_images_of_two_sizes_name_the_dataset_index_and_say_resize_or_crop(backe
         "Cannot stack the image (HWC) at dataset index 5, of shape (33, 40, 3), with the one "
         "at dataset index 7, of shape (32, 40, 3): the samples of a batch must have one shape."
     )
-    if backend == "inline":  # nothing before it: the user's line is the message's first
-        assert str(error).splitlines()[0] == first
+    if backend == "inline":  # nothing before it: the problem is the message's first line
+        assert str(error).splitlines()[0] == second
         assert error.__context__ is None  # numpy's refusal is not chained onto it
 
 
@@ -162,7 +162,7 @@ def test_chw_images_are_resized_before_to_tensor(no_leaks):
 @pytest.mark.parametrize("backend", ["inline", "fork"])
 def test_other_samples_of_two_shapes_are_told_to_pad(backend, no_leaks):
     message = _own_message(_stacking_error(OddOneOut((6,)), backend))
-    first, second = message.splitlines()
+    second, first = message.splitlines()
     assert first.startswith("Pad the samples to one shape with batchify_fn=batchify.Pad(")
     assert second.startswith(
         "Cannot stack the sample at dataset index 5, of shape (7,), with the one at dataset "
@@ -194,7 +194,8 @@ def test_a_batchify_function_that_drops_samples_keeps_positions(no_leaks):
 def test_pad_names_the_dataset_index_too(no_leaks):
     fn = Tuple(Pad(axis=0, pad_val=0), Stack())
     error = _stacking_error(OddOneOut((4, 2), axis=1), "inline", batchify_fn=fn)
-    assert str(error).startswith("Pad: only axis 0 of the samples may differ")
+    assert str(error).startswith("Cannot pad the sample at dataset index 5")
+    assert "Pad: only axis 0 of the samples may differ" in str(error)
     assert "the sample at dataset index 5, of shape (4, 3), to the one at dataset index 7" in (
         str(error)
     )
