@@ -51,5 +51,6 @@ from ._local import launch_local
 from ._nodes import EXIT_CANNOT_START as EXIT_CANNOT_START
 from ._nodes import EXIT_TIMEOUT as EXIT_TIMEOUT
 from ._nodes import LaunchResult, NodeProcess
+from ._remote import launch_hosts
 
-__all__ = ["LaunchResult", "NodeProcess", "launch_local", "main"]
+__all__ = ["LaunchResult", "NodeProcess", "launch_hosts", "launch_local", "main"]
