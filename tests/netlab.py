@@ -1,7 +1,9 @@
 """Several "hosts" on one machine, made of Linux namespaces, for whole-program tests.
 
 Each host is a network namespace (its own ``eth0`` with a 10.x address on a bridge, its own
-``lo``, routing and ports) plus a mount namespace with its own tmpfs on ``/dev/shm``. A command
+``lo``, routing and ports) plus a mount namespace with its own tmpfs on ``/dev/shm`` (held by
+one ``sh`` that the lab keeps outside the host's network namespace, reached through the
+symlink ``<state_dir>/<host>/mnt``). A command
 runs on a host through ``Host.argv`` (``nsenter --net=... --mount=... --``), and
 ``Lab.template`` is the same prefix as a ``--remote`` template for ``python -m
 shardloader.launch`` (``{host}`` stands for the host's name).
@@ -46,7 +48,7 @@ from typing import Dict, List, Optional, Sequence
 
 # The outer sandbox every lab runs in.
 SANDBOX = ["unshare", "--net", "--mount", "--propagation", "private"]
-_TOOLS = ("ip", "unshare", "nsenter", "mount", "umount")
+_TOOLS = ("ip", "unshare", "nsenter", "mount")
 _BRIDGE = "nlbr0"
 _SHM_SIZE = "512m"
 _CONNECT_TIMEOUT_S = 10.0
@@ -106,6 +108,7 @@ class Lab:
     def __init__(self, state_dir: str) -> None:
         self.state_dir = state_dir
         self.hosts: Dict[str, Host] = {}
+        self.holders: List[subprocess.Popen] = []  # one process per host's mount namespace
         self.template = f"nsenter --net=/run/netns/{{host}} --mount={state_dir}/{{host}}/mnt --"
 
     def __enter__(self) -> Lab:
@@ -224,21 +227,18 @@ class Lab:
             self.kill_all(name)
             if self.pids(name):
                 errors.append(f"processes survive SIGKILL in {name}: {self.pids(name)}")
-        for name, host in list(self.hosts.items()):
-            mount_dir = os.path.dirname(host.mntns)
-            for argv in (
-                ["umount", host.mntns],
-                ["umount", mount_dir],
-                ["ip", "netns", "del", name],
-            ):
-                done = subprocess.run(argv, stderr=subprocess.PIPE, timeout=30)
-                if done.returncode != 0:
-                    errors.append(f"{' '.join(argv)}: {done.stderr.decode().strip()}")
+        for name in list(self.hosts):
+            argv = ["ip", "netns", "del", name]
+            done = subprocess.run(argv, stderr=subprocess.PIPE, timeout=30)
+            if done.returncode != 0:
+                errors.append(f"{' '.join(argv)}: {done.stderr.decode().strip()}")
             del self.hosts[name]
+        for holder in self.holders:  # their mount namespaces and tmpfs go with them
+            holder.stdin.close()
+            holder.wait(timeout=30)
+        self.holders.clear()
         subprocess.run(["ip", "link", "del", _BRIDGE], stderr=subprocess.DEVNULL, timeout=30)
-        if os.path.isdir(self.state_dir):
-            subprocess.run(["umount", self.state_dir], stderr=subprocess.DEVNULL, timeout=30)
-            shutil.rmtree(self.state_dir, ignore_errors=True)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
         if errors:
             raise RuntimeError("lab teardown: " + "; ".join(errors))
 
@@ -256,9 +256,6 @@ def build(names: Sequence[str] = ("h1", "h2", "h3"), subnet: str = "10.29.0") ->
     state_dir = tempfile.mkdtemp(prefix="netlab-")
     lab = Lab(state_dir)
     try:
-        # A private bind mount, so that mount-namespace files can be bound inside it.
-        _sh("mount", "--bind", state_dir, state_dir)
-        _sh("mount", "--make-private", state_dir)
         _sh("ip", "link", "set", "lo", "up")
         _sh("ip", "link", "add", _BRIDGE, "type", "bridge")
         _sh("ip", "link", "set", _BRIDGE, "up")
@@ -271,21 +268,34 @@ def build(names: Sequence[str] = ("h1", "h2", "h3"), subnet: str = "10.29.0") ->
             _sh("ip", "-n", name, "addr", "add", f"{host.address}/24", "dev", "eth0")
             _sh("ip", "-n", name, "link", "set", "eth0", "up")
             _sh("ip", "-n", name, "link", "set", "lo", "up")
-            # Each file in a private bind mount of its own directory: the kernel refuses
-            # to bind a mount namespace where another's file is bound (EINVAL).
             os.mkdir(os.path.dirname(host.mntns))
-            _sh("mount", "--bind", os.path.dirname(host.mntns), os.path.dirname(host.mntns))
-            _sh("mount", "--make-private", os.path.dirname(host.mntns))
-            open(host.mntns, "w").close()
-            _sh(
-                "unshare", f"--mount={host.mntns}", "--propagation", "private",
-                "mount", "-t", "tmpfs", "-o", f"size={_SHM_SIZE},mode=1777", "tmpfs", "/dev/shm",
-            )  # fmt: skip
+            lab.holders.append(_mount_ns_holder(host.mntns))
     except BaseException:
         with contextlib.suppress(RuntimeError):  # the first error is the one to see
             lab.teardown()
         raise
     return lab
+
+
+def _mount_ns_holder(link: str) -> subprocess.Popen:
+    """A process in a new mount namespace with its own tmpfs on /dev/shm; ``link`` becomes a
+    symlink to that namespace, for ``nsenter --mount``. The namespace lasts as long as the
+    process, which waits for EOF on its stdin.
+
+    (A holder rather than a bind mount of the namespace: binding one fails now and then with
+    EINVAL on recent kernels, whose namespace ids are not ordered by creation.)"""
+    script = f"mount -t tmpfs -o size={_SHM_SIZE},mode=1777 tmpfs /dev/shm && echo ready && read _"
+    holder = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    if holder.stdout.readline().strip() != b"ready":
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        raise RuntimeError("cannot mount a tmpfs on /dev/shm in a new mount namespace")
+    os.symlink(f"/proc/{holder.pid}/ns/mnt", link)
+    return holder
 
 
 # Listens on an address, prints its port, accepts until killed.
