@@ -221,30 +221,49 @@ def launch_hosts(
 ) -> LaunchResult:
     """Run ``cmd`` as the workers of a ps-lite cluster spread over ``hosts``; wait for it.
 
-    Parameters as ``launch_local``, and:
+    The scheduler runs on the first host; the servers, then the workers, round-robin over the
+    hosts in order, the workers continuing where the servers stopped. Each process gets
+    ``env``, the ``DMLC_*`` variables and its own host's address as ``DMLC_NODE_HOST``
+    through the remote command; over ssh nothing else of the launcher's environment reaches
+    it. Failures, the timeout and interrupts stop every process on every host, as with
+    ``launch_local``.
 
+    Parameters
+    ----------
+    cmd : str or sequence of str
+        The worker command, as for ``launch_local``.
     hosts : str or sequence of str
         ``'h1,h2=10.0.0.2'``, ``'@FILE'`` (one entry a line), or a list of entries. An entry
         is ``NAME`` (the address is NAME resolved here) or ``NAME=ADDRESS``. ``NAME`` is what
-        the template gets as ``{host}``; ``ADDRESS`` is the host's ``DMLC_NODE_HOST``. A
-        loopback address among several hosts raises ``ValueError``.
+        the template gets as ``{host}``; ``ADDRESS`` is the host's ``DMLC_NODE_HOST``.
+    num_workers, num_servers, env, timeout, grace_period, verbose
+        As for ``launch_local``.
     remote : str
-        The command that runs a command on a host; ``{host}`` is replaced by its name.
-        ``{command}``, where present, by the command as one shell-quoted word (ssh hands it to
-        a shell); otherwise the command's words are appended (``ip netns exec {host}``).
-        Default: ssh in batch mode.
+        The command that runs a command on a host; ``{host}`` is replaced by its name, and
+        ``{command}``, where present, by the command as one shell-quoted word (ssh hands it
+        to a shell); without ``{command}`` the command's words are appended (``ip netns exec
+        {host}``). Default: ssh in batch mode with keep-alives.
     port : int, optional
         The scheduler's port on the first host. Default: one free there a moment before.
     connect_timeout : float
         Seconds for every host to answer the check before start, and for the cluster to
-        form after it. Past either, the run fails (code 1) naming the hosts at fault.
+        form after it. Past either, the run fails with code 1, naming the hosts at fault.
     workdir : str, optional
         The working directory of every process, on every host. Default: the current one.
 
-    The scheduler runs on the first host; the servers, then the workers, round-robin over the
-    hosts in order (``place``). Each process gets ``env``, the ``DMLC_*`` variables and its
-    own host's address as ``DMLC_NODE_HOST`` through the remote command; over ssh nothing
-    else of the launcher's environment reaches it.
+    Returns
+    -------
+    LaunchResult
+        As ``launch_local``'s; each ``NodeProcess`` also has ``host`` and ``remote_pid``.
+        Hosts that fail the check before start give ``returncode`` 1, no processes, and the
+        reasons in ``failure``.
+
+    Raises
+    ------
+    ValueError
+        Invalid arguments: a loopback address among several hosts, a template without
+        ``{host}``, an ssh template without ``{command}``, ``env`` setting a ``DMLC_*``
+        variable the launcher sets.
     """
     argv = _check_command(cmd)
     num_servers = num_workers if num_servers is None else num_servers

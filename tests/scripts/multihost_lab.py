@@ -31,11 +31,11 @@ class Scenarios:
     def __init__(self, lab: netlab.Lab, out_dir: Path) -> None:
         self.lab, self.out_dir = lab, out_dir
 
-    def launcher(self, hosts: str, *args: str, n: int = 2, s: int = 1) -> subprocess.Popen:
+    def launcher(self, hosts: str, *args: str, template: str = "") -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         argv = [
-            sys.executable, "-m", "shardloader.launch", "-n", str(n), "-s", str(s),
-            "--hosts", hosts, "--remote", self.lab.template, "--grace-period", "2",
+            sys.executable, "-m", "shardloader.launch", "-n", "2", "-s", "1",
+            "--hosts", hosts, "--remote", template or self.lab.template, "--grace-period", "2",
             "--env", f"PYTHONPATH={REPO}", "--env", "OMP_NUM_THREADS=1", *args,
         ]  # fmt: skip
         return subprocess.Popen(
@@ -99,14 +99,17 @@ class Scenarios:
         return report
 
     def worker_fails(self) -> dict:
-        """The worker on h3 exits 7; the one on h2 would sleep."""
+        """The worker on h3 exits 7; the one on h2 would sleep. Through ``ip netns exec``."""
         code = (
             "import os, sys, time; "
             f"sys.exit(7) if os.environ['DMLC_NODE_HOST'] == {self.lab.host('h3').address!r} "
             "else time.sleep(120)"
         )
         started = time.monotonic()
-        proc = self.launcher(self.lab.hosts_arg(), "--timeout", "80", sys.executable, "-c", code)
+        proc = self.launcher(
+            self.lab.hosts_arg(), "--timeout", "80", sys.executable, "-c", code,
+            template="ip netns exec {host}",
+        )  # fmt: skip
         return self.finish(proc, started)
 
     def host_lost(self) -> dict:
@@ -168,7 +171,7 @@ class Scenarios:
         try:
             started = time.monotonic()
             proc = self.launcher(
-                self.lab.hosts_arg(), "--connect-timeout", "10", "--timeout", "80",
+                self.lab.hosts_arg(), "--connect-timeout", "6", "--timeout", "80",
                 sys.executable, WORKER, str(self.out_dir),
             )  # fmt: skip
             return self.finish(proc, started)
