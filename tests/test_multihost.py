@@ -28,16 +28,16 @@ import dist_worker  # noqa: E402
 import netlab  # noqa: E402
 
 DRIVER = REPO / "tests" / "scripts" / "multihost_lab.py"
-SCENARIOS = [
+# Scenarios joined with "+" run at the same time, on hosts or in phases that the others leave
+# alone (sigterm runs on h1 and h2 while host_lost loses h3; the errors before start while
+# unreachable waits out its connect timeout).
+GROUPS = [
     "train",
     "worker_fails",
-    "host_lost",
-    "sigterm",
-    "loopback",
-    "wrong_address",
-    "unknown_host",
-    "unreachable",
+    "host_lost+sigterm",
+    "unreachable+loopback+wrong_address+unknown_host",
 ]
+SCENARIOS = [name for group in GROUPS for name in group.split("+")]
 # The whole driver takes about 45 s here (2 cores shared); this bounds a hang.
 _DRIVER_TIMEOUT_S = 400
 # A failure must end the job this soon after it happens (grace period 2 s, polling, startup).
@@ -57,7 +57,7 @@ def lab_reports(tmp_path_factory):
     started = time.monotonic()
     try:
         done = subprocess.run(
-            [*netlab.SANDBOX, sys.executable, str(DRIVER), str(out_dir), *SCENARIOS],
+            [*netlab.SANDBOX, sys.executable, str(DRIVER), str(out_dir), *GROUPS],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             timeout=_DRIVER_TIMEOUT_S,
@@ -111,7 +111,7 @@ def test_a_worker_failing_on_h3_ends_the_job_with_its_code(lab_reports):
         "exited with code 7; stopped scheduler on h1, server 0 on h1, worker 0 on h2"
         in (report["stderr"])
     )
-    assert report["elapsed_s"] < _PROMPT_S + 20  # startup of the cluster included
+    assert report["elapsed_s"] < _PROMPT_S + 30  # the cluster's start included
     _assert_clean(report)
 
 
@@ -133,8 +133,8 @@ def test_a_host_lost_mid_epoch_ends_the_job_naming_it(lab_reports):
 def test_sigterm_stops_every_process_on_every_host(lab_reports):
     report = _report(lab_reports, "sigterm")
     assert report["ready"], report["stderr"]
-    # wrapper + worker + 2 loader processes on h2 and h3; wrapper + node twice on h1
-    assert report["during"] == {"h1": 4, "h2": 4, "h3": 4}
+    # the wrapper, the worker and its 2 loader processes on each of h1 and h2
+    assert report["during"] == {"h1": 4, "h2": 4, "h3": 0}
     assert report["returncode"] == 128 + 15, report["stderr"]
     assert "interrupted by SIGTERM; stopped all processes" in report["stderr"]
     assert report["after_signal_s"] < _PROMPT_S
@@ -176,7 +176,7 @@ def test_a_cluster_that_does_not_form_ends_naming_the_host(lab_reports):
     assert "the scheduler on h1 at 10.29.0.1:" in stderr
     assert "h3 cannot connect to 10.29.0.1:" in stderr
     assert "h2 cannot connect" not in stderr
-    assert report["elapsed_s"] < 6 + _PROMPT_S + 10
+    assert report["elapsed_s"] < 6 + _PROMPT_S + 30  # the cluster's start included
     _assert_clean(report)
 
 
@@ -320,21 +320,22 @@ def test_remote_path_timeout_stops_workers_and_their_children(no_leaks):
         "time.sleep(60)"
     )
     done, elapsed, tag = _cli(
-        "-n", "2", "--hosts", "solo=127.0.0.1", "--remote", _LOCAL_TEMPLATE, "--timeout", "4",
+        "-n", "2", "--hosts", "solo=127.0.0.1", "--remote", _LOCAL_TEMPLATE, "--timeout", "2",
         "--grace-period", "1", sys.executable, "-c", sleeper,
     )  # fmt: skip
     stderr = done.stderr.decode()
     assert done.returncode == launch.EXIT_TIMEOUT, stderr
-    assert "timed out after 4 s with worker 0 on solo, worker 1 on solo still running" in stderr
-    assert elapsed < 4 + _PROMPT_S
+    assert "timed out after 2 s with worker 0 on solo, worker 1 on solo still running" in stderr
+    assert elapsed < 2 + _PROMPT_S
     assert _tagged(tag) == []
 
 
 @pytest.mark.timeout(10)
-def test_remote_options_need_hosts():
-    done, _, _ = _cli("-n", "1", "--remote", "ip netns exec {host}", "true")
-    assert done.returncode == 2
-    assert "--remote only apply with --hosts" in done.stderr.decode()
+def test_remote_options_need_hosts(capsys):
+    with pytest.raises(SystemExit) as exc:
+        launch.main(["-n", "1", "--remote", "ip netns exec {host}", "--workdir", "/", "true"])
+    assert exc.value.code == 2
+    assert "--remote, --workdir only apply with --hosts" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(60)

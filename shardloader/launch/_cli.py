@@ -102,7 +102,9 @@ def _options() -> List[Tuple[Tuple[str, ...], Dict[str, Any]]]:
                 metavar="SECONDS",
                 help=(
                     "with --hosts: how long every host may take to answer before start, and "
-                    f"the cluster to form after it (default: {_DEFAULT_CONNECT_TIMEOUT_S:g})"
+                    "the cluster to form once the scheduler listens: every worker must "
+                    "create its kvstore by then (default: "
+                    f"{_DEFAULT_CONNECT_TIMEOUT_S:g})"
                 ),
             ),
         ),

@@ -52,11 +52,12 @@ from ._wrapper import MARKER
 
 _log = logging.getLogger("shardloader.launch")
 
-_DEFAULT_CONNECT_TIMEOUT_S = 60.0
+_DEFAULT_CONNECT_TIMEOUT_S = 120.0
 # Beyond grace + SIGKILL, how long a remote command may take to report that it stopped.
 _REMOTE_MARGIN_S = 5.0
 _PROBE_TIMEOUT_S = 5.0
 _FORMED = b"the scheduler is connected to"
+_LISTENING = b"Bind to role=scheduler"
 # ps-lite's PS_VERBOSE=1 lines, hidden unless the user asked for them (verbose=True).
 _PS_VERBOSE_LINE = re.compile(rb"^\[[\d:]+\] \S*(van\.cc|zmq_van\.h):\d+: ")
 # Exit code 255 is also ssh's own: a lost connection.
@@ -107,6 +108,7 @@ class _RemoteCluster(_Cluster):
         self.template, self.hosts, self.python = template, hosts, python
         self.connect_timeout, self.verbose = connect_timeout, verbose
         self.formed = threading.Event()
+        self.listening_since: Optional[float] = None
         self.scheduler_at: Tuple[str, int] = ("", 0)
         self._pumps: List[_Pump] = []
 
@@ -140,15 +142,27 @@ class _RemoteCluster(_Cluster):
         """Note the cluster forming; True to show the line."""
         if _FORMED in line:
             self.formed.set()
+        elif _LISTENING in line and self.listening_since is None:
+            self.listening_since = time.monotonic()
         return self.verbose or not (_PS_VERBOSE_LINE.match(line) and b"Check failed" not in line)
 
     def _watch(self) -> Optional[str]:
-        if self.formed.is_set() or self.elapsed_s() < self.connect_timeout:
+        """The cluster must form within ``connect_timeout`` of the scheduler listening (and
+        the scheduler listen within ``connect_timeout`` of the start)."""
+        since = self.listening_since
+        waited = self.elapsed_s() if since is None else time.monotonic() - since
+        if self.formed.is_set() or waited < self.connect_timeout:
             return None
         self.formed.set()  # report once
         address, port = self.scheduler_at
+        if since is None:
+            return (
+                f"the scheduler on {self.hosts[0].name} did not start listening at "
+                f"{address}:{port} within {self.connect_timeout:g} s (connect_timeout)"
+            )
         failure = (
-            f"the cluster did not form within {self.connect_timeout:g} s (connect_timeout): "
+            f"the cluster did not form within {self.connect_timeout:g} s (connect_timeout) of "
+            "the scheduler listening: "
             f"not every node reached the scheduler on {self.hosts[0].name} at {address}:{port}, "
             "where every node was told to connect (DMLC_PS_ROOT_URI:DMLC_PS_ROOT_PORT)"
         )
@@ -247,7 +261,9 @@ def launch_hosts(
         The scheduler's port on the first host. Default: one free there a moment before.
     connect_timeout : float
         Seconds for every host to answer the check before start, and for the cluster to
-        form after it. Past either, the run fails with code 1, naming the hosts at fault.
+        form once the scheduler listens (every worker must have called
+        ``mx.kv.create`` by then). Past either, the run fails with code 1, naming the hosts
+        at fault.
     workdir : str, optional
         The working directory of every process, on every host. Default: the current one.
 

@@ -1,7 +1,8 @@
 """Scenarios of ``python -m shardloader.launch --hosts`` on a lab of three hosts (tests/netlab.py).
 
 Run inside the sandbox: ``unshare --net --mount --propagation private python multihost_lab.py
-OUT_DIR SCENARIO...``. Builds one lab (h1, h2, h3), runs each scenario in turn and writes
+OUT_DIR GROUP...`` (a group: scenarios joined with ``+``, run at the same time). Builds one lab
+(h1, h2, h3), runs each group in turn and writes
 ``OUT_DIR/<scenario>.json``: the launcher's exit code, wall time, output, the processes left
 in each host and each host's ``/dev/shm`` afterwards, and what the scenario adds. The test
 (tests/test_multihost.py) asserts on those files; this script only observes.
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -54,13 +56,11 @@ class Scenarios:
             "stdout": out.decode(errors="replace"),
             "stderr": err.decode(errors="replace"),
         }
-        report.update(self.leftovers())
         report.update(extra)
         return report
 
     def leftovers(self) -> dict:
         """Processes left in each host (with their command lines) and each /dev/shm."""
-        time.sleep(0)  # nothing to wait for: the launcher's teardown is over when it exits
         pids = {h: [self.lab.cmdline(p) for p in self.lab.pids(h)] for h in self.lab.hosts}
         shm = {h: self.lab.shm_entries(h) for h in self.lab.hosts}
         return {"left": pids, "shm": shm}
@@ -128,14 +128,19 @@ class Scenarios:
         return report
 
     def sigterm(self) -> dict:
-        """SIGTERM to the launcher while both workers train."""
+        """SIGTERM to the launcher while both workers train, on h1 and h2 only (it runs
+        alongside host_lost)."""
         run_dir = self.run_dir("sigterm")
         started = time.monotonic()
         proc = self.launcher(
-            self.lab.hosts_arg(), "--timeout", "80", sys.executable, FOREVER, str(run_dir)
-        )
+            self.lab.hosts_arg(["h1", "h2"]), "--timeout", "80", sys.executable, FOREVER,
+            str(run_dir),
+        )  # fmt: skip
         ready = self.wait_ready(run_dir, 2, proc)
-        during = {h: len(self.lab.pids(h)) for h in self.lab.hosts}
+        during = {
+            h: len([p for p in self.lab.pids(h) if str(run_dir) in self.lab.cmdline(p)])
+            for h in self.lab.hosts
+        }
         signalled_at = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         report = self.finish(proc, started, ready=ready, during=during)
@@ -179,21 +184,37 @@ class Scenarios:
             self.lab.run("h3", ["ip", "route", "del", "blackhole", f"{h1}/32"], check=True)
 
 
+def _run(scenarios: Scenarios, name: str, reports: dict) -> None:
+    try:
+        reports[name] = getattr(scenarios, name)()
+    except Exception as exc:  # reported, so that the other scenarios still run
+        reports[name] = {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def main() -> None:
+    """``OUT_DIR GROUP...``: each GROUP is scenario names joined with ``+``, run at the same
+    time (each on hosts or in phases the others leave alone); the processes and /dev/shm
+    left are read once the whole group is over."""
     out_dir = Path(sys.argv[1])
-    names = sys.argv[2:]
     started = time.monotonic()
     with netlab.build(["h1", "h2", "h3"]) as lab:
         lab.check_connectivity()
         built_s = time.monotonic() - started
         scenarios = Scenarios(lab, out_dir)
-        for name in names:
-            try:
-                report = getattr(scenarios, name)()
-            except Exception as exc:  # reported, so that the other scenarios still run
-                report = {"error": f"{type(exc).__name__}: {exc}"}
-            report["lab_built_s"] = built_s
-            (out_dir / f"{name}.json").write_text(json.dumps(report))
+        for group in sys.argv[2:]:
+            reports: dict = {}
+            threads = [
+                threading.Thread(target=_run, args=(scenarios, name, reports))
+                for name in group.split("+")
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            left = scenarios.leftovers()
+            for name, report in reports.items():
+                report.update(left, lab_built_s=built_s, group=group)
+                (out_dir / f"{name}.json").write_text(json.dumps(report))
     (out_dir / "done.json").write_text(json.dumps({"total_s": time.monotonic() - started}))
 
 
