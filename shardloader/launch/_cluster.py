@@ -128,7 +128,7 @@ class _Cluster:
             time.sleep(_POLL_INTERVAL_S)
 
     def teardown(self) -> List[NodeProcess]:
-        """Terminate, then kill, every group that still has a live member; return those stopped.
+        """Stop every process still running (``_stop_all``); return those it stopped.
 
         Idempotent. ``SIGINT`` and ``SIGTERM`` are blocked while it runs.
         """
@@ -140,15 +140,17 @@ class _Cluster:
             stopped = [p for p in self.processes if p.returncode is None]
             for proc in stopped:
                 proc.stopped = True
-            groups = self._live_groups()
-            for proc in self.processes:
-                if proc.pid in groups and not proc.stopped:
-                    _log.warning(
-                        "%s exited but left processes in its group; stopping them", proc.name
-                    )
-            self._stop_groups(groups)
-            self._poll()
+            self._stop_all()
         return stopped
+
+    def _stop_all(self) -> None:
+        """Terminate, then kill, every group that still has a live member."""
+        groups = self._live_groups()
+        for proc in self.processes:
+            if proc.pid in groups and not proc.stopped:
+                _log.warning("%s exited but left processes in its group; stopping them", proc.name)
+        self._stop_groups(groups)
+        self._poll()
 
     def _stop_groups(self, groups: Set[int]) -> None:
         """``SIGTERM`` the groups, wait ``grace_period``, ``SIGKILL`` the survivors, wait."""

@@ -105,7 +105,11 @@ def launch_local(
     node_env = _cluster_env(env, port, num_workers, num_servers, verbose)
     cluster = _Cluster(grace_period)
     outcome, stopped = cluster.run(_roles(argv, num_workers, num_servers), node_env, timeout)
-    return _result(cluster, outcome, stopped, port)
+    failure = outcome[1]
+    hint = None
+    if failure is not None and failure.startswith("scheduler"):
+        hint = f" (is port {port} free on {_HOST}?)"
+    return _result(cluster, outcome, stopped, port, hint)
 
 
 def _check_command(cmd: Union[str, Sequence[str]]) -> List[str]:
@@ -166,14 +170,17 @@ def _roles(argv: List[str], num_workers: int, num_servers: int) -> List[Tuple[st
 
 
 def _result(
-    cluster: _Cluster, outcome: _Outcome, stopped: List[NodeProcess], port: int
+    cluster: _Cluster,
+    outcome: _Outcome,
+    stopped: List[NodeProcess],
+    port: int,
+    hint: Optional[str] = None,
 ) -> LaunchResult:
-    """The ``LaunchResult``. A failure message gets a hint for the scheduler's port and names
-    what the teardown stopped; after a success, a warning names the processes it stopped."""
+    """The ``LaunchResult``. A failure message gets ``hint`` and names what the teardown
+    stopped; after a success, a warning names the processes it stopped."""
     returncode, failure, timed_out = outcome
     if failure is not None:
-        if failure.startswith("scheduler"):
-            failure += f" (is port {port} free on {_HOST}?)"
+        failure += hint or ""
         if stopped:
             failure += "; stopped " + ", ".join(p.name for p in stopped)
     elif stopped:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ._cluster import _KILL_WAIT_S, _POLL_INTERVAL_S, _Cluster, _die_with_parent, _signals_blocked
+from ._cluster import _KILL_WAIT_S, _POLL_INTERVAL_S, _Cluster, _die_with_parent
 from ._hosts import (
     DEFAULT_REMOTE,
     Host,
@@ -46,6 +46,7 @@ from ._local import (
     _check_env,
     _check_numbers,
     _check_port,
+    _result,
 )
 from ._nodes import LaunchResult, NodeProcess
 from ._wrapper import MARKER
@@ -179,37 +180,29 @@ class _RemoteCluster(_Cluster):
             )
         return failure
 
-    def teardown(self) -> List[NodeProcess]:
+    def _stop_all(self) -> None:
         """Close every wrapper's stdin (it stops its node's group: ``SIGTERM``, the grace
         period, ``SIGKILL``), wait for the remote commands to exit, and kill, naming them, the
-        ones that do not. Idempotent; ``SIGINT`` and ``SIGTERM`` are blocked while it runs."""
-        if self._torn_down:
-            return []
-        self._torn_down = True
-        with _signals_blocked():
-            self._poll()
-            stopped = [p for p in self.processes if p.returncode is None]
-            for proc in stopped:
-                proc.stopped = True
-            for popen in self._popens.values():
-                with contextlib.suppress(OSError):
-                    popen.stdin.close()
-            self._wait_all(self.grace_period + _KILL_WAIT_S + _REMOTE_MARGIN_S)
-            for proc in self.processes:
-                if proc.returncode is None:
-                    _log.error(
-                        "could not confirm that %s stopped: its remote command did not exit "
-                        "%g s after the launcher asked; processes may be left on %s",
-                        proc.name,
-                        self.grace_period + _KILL_WAIT_S + _REMOTE_MARGIN_S,
-                        proc.host,
-                    )
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-            self._wait_all(_KILL_WAIT_S)
-            for pump in self._pumps:
-                pump.join(_KILL_WAIT_S)
-        return stopped
+        ones that do not."""
+        for popen in self._popens.values():
+            with contextlib.suppress(OSError):
+                popen.stdin.close()
+        wait_s = self.grace_period + _KILL_WAIT_S + _REMOTE_MARGIN_S
+        self._wait_all(wait_s)
+        for proc in self.processes:
+            if proc.returncode is None:
+                _log.error(
+                    "could not confirm that %s stopped: its remote command did not exit "
+                    "%g s after the launcher asked; processes may be left on %s",
+                    proc.name,
+                    wait_s,
+                    proc.host,
+                )
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        self._wait_all(_KILL_WAIT_S)
+        for pump in self._pumps:
+            pump.join(_KILL_WAIT_S)
 
     def _wait_all(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
@@ -322,18 +315,8 @@ def launch_hosts(
         outcome = cluster.supervise(timeout)
     finally:
         stopped = cluster.teardown()
-    returncode, failure, timed_out = outcome
-    if failure is not None:
-        failed = [p for p in cluster.processes if p.returncode not in (None, 0) and not p.stopped]
-        if failed and failed[0].returncode == _SSH_EXIT:
-            failure += f" (255 is also ssh's code for a lost connection to {failed[0].host})"
-        if stopped:
-            failure += "; stopped " + ", ".join(p.name for p in stopped)
-    elif stopped:
-        _log.warning(
-            "the workers succeeded; stopped %s, which did not exit on their own",
-            ", ".join(p.name for p in stopped),
-        )
-    return LaunchResult(
-        returncode, cluster.processes, port, failure, timed_out, cluster.elapsed_s()
-    )
+    failed = [p for p in cluster.processes if p.returncode not in (None, 0) and not p.stopped]
+    hint = None
+    if failed and failed[0].returncode == _SSH_EXIT:
+        hint = f" (255 is also ssh's code for a lost connection to {failed[0].host})"
+    return _result(cluster, outcome, stopped, port, hint)
