@@ -3,13 +3,14 @@
 Each host is a network namespace (its own ``eth0`` with a 10.x address on a bridge, its own
 ``lo``, routing and ports) plus a mount namespace with its own tmpfs on ``/dev/shm`` (held by
 one ``sh`` that the lab keeps outside the host's network namespace, reached through the
-symlink ``<state_dir>/<host>/mnt``). A command
-runs on a host through ``Host.argv`` (``nsenter --net=... --mount=... --``), and
-``Lab.template`` is the same prefix as a ``--remote`` template for ``python -m
-shardloader.launch`` (``{host}`` stands for the host's name).
+symlink ``<state_dir>/<host>/mnt``). A command runs on a host through ``Host.argv``
+(``nsenter --net=... --mount=... --``); ``Lab.template`` is the same prefix as a ``--remote``
+template for ``python -m shardloader.launch`` (``{host}`` stands for the host's name), and
+``Lab.hosts_arg()`` the matching ``--hosts``.
 
-``ip netns exec`` is not used to enter a host: it gives every command a fresh mount view, so a
-tmpfs mounted on a host's ``/dev/shm`` would not outlive the command that mounted it.
+``ip netns exec {host}`` also works as a template, but gives every command a fresh mount
+view of the machine's own ``/dev/shm``: use it where a host's own ``/dev/shm`` does not
+matter.
 
 **Only inside the outer sandbox.** Build a lab only in a process started under
 ``SANDBOX`` (``unshare --net --mount --propagation private``): the sandbox's network has only
@@ -30,7 +31,9 @@ driver.py``::
         lab.shm_entries("h1")     # what is left in h1's /dev/shm
 
 ``unavailable()`` says why a lab cannot be built here (not root, no ``ip``, ``unshare``
-refused), for a test to skip with that reason.
+refused), for a test to skip with that reason. tests/scripts/multihost_lab.py is a driver
+built on it (scenarios of the launcher, each reporting JSON), and tests/test_multihost.py
+runs it with a deadline: follow them to add scenarios.
 """
 
 from __future__ import annotations
