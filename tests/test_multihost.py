@@ -43,6 +43,8 @@ _DRIVER_TIMEOUT_S = 400
 # A failure must end the job this soon after it happens (grace period 2 s, polling, startup).
 _PROMPT_S = 20.0
 _LOCAL_TEMPLATE = "env SHARDLOADER_TEST_HOST={host}"
+# As ssh does: the command reaches a shell as one string, which splits it again.
+_SHELL_TEMPLATE = "env SHARDLOADER_TEST_HOST={host} sh -c {command}"
 
 
 # ---------------------------------------------------------------------- the lab
@@ -300,7 +302,7 @@ def test_remote_path_on_one_host_reports_the_failing_worker(no_leaks):
         "sys.exit(5) if os.environ['X'] == 'y' else time.sleep(60)"
     )
     done, elapsed, tag = _cli(
-        "-n", "1", "-s", "1", "--hosts", "solo=127.0.0.1", "--remote", _LOCAL_TEMPLATE,
+        "-n", "1", "-s", "1", "--hosts", "solo=127.0.0.1", "--remote", _SHELL_TEMPLATE,
         "--workdir", str(REPO / "tests"), "--env", "X=y", "--grace-period", "1",
         sys.executable, "-c", code,
     )  # fmt: skip
