@@ -237,6 +237,8 @@ def test_remote_command_is_quoted_once_for_ssh():
         _hosts.remote_argv("ssh -p 2222 {host}", host, argv)
     with pytest.raises(ValueError, match="containing {host}"):
         _hosts.remote_argv("ssh", host, argv)
+    with pytest.raises(ValueError, match="cannot run 'shardloader-no-such-ssh' from the template"):
+        _hosts.check_hosts("shardloader-no-such-ssh {host}", [host], sys.executable, "/", 5)
 
 
 def _shell_words(command: str):

@@ -183,13 +183,20 @@ def _run_on_hosts(
     it did not finish within deadline_s, stdout, stderr)`` per host."""
     procs = {}
     for host in hosts:
-        procs[host] = subprocess.Popen(
-            remote_argv(template, host, argvs[host]),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        argv = remote_argv(template, host, argvs[host])
+        try:
+            procs[host] = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            for proc in procs.values():
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+            raise ValueError(f"remote: cannot run {argv[0]!r} from the template: {exc}") from None
     deadline = time.monotonic() + deadline_s
     results = {}
     for host, proc in procs.items():
