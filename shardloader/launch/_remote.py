@@ -57,6 +57,9 @@ _DEFAULT_CONNECT_TIMEOUT_S = 120.0
 # Beyond grace + SIGKILL, how long a remote command may take to report that it stopped.
 _REMOTE_MARGIN_S = 5.0
 _PROBE_TIMEOUT_S = 5.0
+# The scheduler (python -c "import mxnet") must listen within this, or connect_timeout if
+# longer: importing MXNet alone can take several seconds on a loaded machine.
+_SCHEDULER_START_S = 60.0
 _FORMED = b"the scheduler is connected to"
 _LISTENING = b"Bind to role=scheduler"
 # ps-lite's PS_VERBOSE=1 lines, hidden unless the user asked for them (verbose=True).
@@ -149,17 +152,21 @@ class _RemoteCluster(_Cluster):
 
     def _watch(self) -> Optional[str]:
         """The cluster must form within ``connect_timeout`` of the scheduler listening (and
-        the scheduler listen within ``connect_timeout`` of the start)."""
+        the scheduler listen within ``_SCHEDULER_START_S``, or ``connect_timeout`` if longer,
+        of the start)."""
         since = self.listening_since
-        waited = self.elapsed_s() if since is None else time.monotonic() - since
-        if self.formed.is_set() or waited < self.connect_timeout:
+        if since is None:
+            waited, limit = self.elapsed_s(), max(self.connect_timeout, _SCHEDULER_START_S)
+        else:
+            waited, limit = time.monotonic() - since, self.connect_timeout
+        if self.formed.is_set() or waited < limit:
             return None
         self.formed.set()  # report once
         address, port = self.scheduler_at
         if since is None:
             return (
                 f"the scheduler on {self.hosts[0].name} did not start listening at "
-                f"{address}:{port} within {self.connect_timeout:g} s (connect_timeout)"
+                f"{address}:{port} within {limit:g} s"
             )
         failure = (
             f"the cluster did not form within {self.connect_timeout:g} s (connect_timeout) of "
