@@ -167,6 +167,18 @@ def _parse_env(pairs: Sequence[str], parser: argparse.ArgumentParser) -> Dict[st
     return env
 
 
+def _log_to_stderr() -> None:
+    """The launcher's messages on stderr, whatever the root logger is (MXNet 2.x configures
+    it on import, which makes ``logging.basicConfig`` do nothing)."""
+    log = logging.getLogger("shardloader.launch")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("shardloader.launch: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
     raise _Interrupted(signum)
 
@@ -223,7 +235,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not command:
         parser.error("the worker COMMAND is missing")
     env = _parse_env(args.env, parser)
-    logging.basicConfig(format="shardloader.launch: %(message)s", level=logging.INFO)
+    _log_to_stderr()
     prog = parser.prog
     _interrupt_on_stop_signals()
     try:
