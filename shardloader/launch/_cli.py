@@ -191,12 +191,7 @@ def _interrupt_on_stop_signals() -> None:
         signal.signal(signal.SIGHUP, _raise_interrupted)
 
 
-def _launch(
-    args: argparse.Namespace,
-    command: List[str],
-    env: Dict[str, str],
-    parser: argparse.ArgumentParser,
-) -> LaunchResult:
+def _launch(args: argparse.Namespace, command: List[str], env: Dict[str, str]) -> LaunchResult:
     """``launch_local``, or ``launch_hosts`` with ``--hosts``."""
     common: Dict[str, Any] = dict(
         env=env,
@@ -206,12 +201,6 @@ def _launch(
         verbose=args.verbose,
     )
     if args.hosts is None:
-        given = [
-            f for f in ("remote", "connect_timeout", "workdir") if getattr(args, f) is not None
-        ]
-        if given:
-            flags = ", ".join("--" + f.replace("_", "-") for f in given)
-            parser.error(f"{flags} only apply with --hosts")
         return launch_local(command, args.num_workers, args.num_servers, **common)
     return launch_hosts(
         command,
@@ -235,11 +224,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not command:
         parser.error("the worker COMMAND is missing")
     env = _parse_env(args.env, parser)
+    given = [f for f in ("remote", "connect_timeout", "workdir") if getattr(args, f) is not None]
+    if args.hosts is None and given:
+        flags = ", ".join("--" + f.replace("_", "-") for f in given)
+        parser.error(f"{flags} only apply with --hosts")
     _log_to_stderr()
     prog = parser.prog
     _interrupt_on_stop_signals()
     try:
-        result = _launch(args, command, env, parser)
+        result = _launch(args, command, env)
     except ValueError as exc:
         parser.error(str(exc))
     except OSError as exc:
