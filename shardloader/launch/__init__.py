@@ -35,6 +35,13 @@ Supervision and shutdown, one protocol for every way a run ends:
    it runs, so an impatient second Ctrl-C cannot cut it short. A process that left its group
    (``setsid``) is outside this protocol.
 
+With ``--hosts`` (``launch_hosts``), the same cluster is spread over several hosts: the
+scheduler on the first, servers and workers round-robin, each process started through a remote
+command template (``--remote``, ssh by default) under a small wrapper (``_wrapper``) that
+stops the process's group on its host when the launcher closes the wrapper's stdin or dies.
+Before start every host is checked through the template; a cluster that does not form within
+``--connect-timeout`` ends the run (code 1) naming the hosts that cannot reach the scheduler.
+
 The command line exits with the launcher's ``LaunchResult.returncode``: 0, the first failing
 worker's exit code (``128 + signal`` for a worker killed by a signal), a failing scheduler's or
 server's, 124 after ``--timeout``, ``128 + signal`` when the launcher is interrupted, 127 when
@@ -42,8 +49,9 @@ a command cannot be started.
 """
 
 # The package: _nodes (exit codes, NodeProcess, LaunchResult), _cluster (starting, supervising
-# and tearing down the processes and their groups), _local (launch_local), _cli (the command
-# line, which __main__ runs).
+# and tearing down the processes and their groups), _local (launch_local), _hosts (parsing
+# --hosts, placement, the remote template, the checks through it), _wrapper (the remote side,
+# stdlib only), _remote (launch_hosts), _cli (the command line, which __main__ runs).
 from ._cli import _parser as _parser
 from ._cli import main
 from ._cluster import _die_with_parent as _die_with_parent
@@ -51,5 +59,6 @@ from ._local import launch_local
 from ._nodes import EXIT_CANNOT_START as EXIT_CANNOT_START
 from ._nodes import EXIT_TIMEOUT as EXIT_TIMEOUT
 from ._nodes import LaunchResult, NodeProcess
+from ._remote import launch_hosts
 
-__all__ = ["LaunchResult", "NodeProcess", "launch_local", "main"]
+__all__ = ["LaunchResult", "NodeProcess", "launch_hosts", "launch_local", "main"]

@@ -9,8 +9,10 @@ import signal
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ._hosts import DEFAULT_REMOTE
 from ._local import _DEFAULT_GRACE_PERIOD_S, _HOST, launch_local
-from ._nodes import EXIT_CANNOT_START
+from ._nodes import EXIT_CANNOT_START, LaunchResult
+from ._remote import _DEFAULT_CONNECT_TIMEOUT_S, launch_hosts
 
 
 class _Interrupted(BaseException):
@@ -68,6 +70,53 @@ def _options() -> List[Tuple[Tuple[str, ...], Dict[str, Any]]]:
             ),
         ),
         (
+            ("--hosts",),
+            dict(
+                default=None,
+                metavar="HOSTS",
+                help=(
+                    "run on several hosts: NAME[=ADDRESS],... or @FILE with one a line. "
+                    "The scheduler runs on the first host; the servers, then the workers, "
+                    "round-robin over the hosts. ADDRESS (default: NAME resolved) is where "
+                    "that host's processes bind and are reached"
+                ),
+            ),
+        ),
+        (
+            ("--remote",),
+            dict(
+                default=None,
+                metavar="TEMPLATE",
+                help=(
+                    "with --hosts: the command that runs a command on {host}; {command} is "
+                    "the command as one shell-quoted word, else its words are appended "
+                    f"(default: {DEFAULT_REMOTE!r})"
+                ),
+            ),
+        ),
+        (
+            ("--connect-timeout",),
+            dict(
+                type=float,
+                default=None,
+                metavar="SECONDS",
+                help=(
+                    "with --hosts: how long every host may take to answer before start, and "
+                    "the cluster to form once the scheduler listens: every worker must "
+                    "create its kvstore by then (default: "
+                    f"{_DEFAULT_CONNECT_TIMEOUT_S:g})"
+                ),
+            ),
+        ),
+        (
+            ("--workdir",),
+            dict(
+                default=None,
+                metavar="DIR",
+                help="with --hosts: the working directory on every host (default: the current one)",
+            ),
+        ),
+        (
             ("-v", "--verbose"),
             dict(
                 action="store_true",
@@ -95,7 +144,8 @@ def _parser() -> argparse.ArgumentParser:
             f"{_HOST}. Each worker's mx.kv.create('dist_sync') joins the cluster; kv.rank "
             "and kv.num_workers give its part of the data. If a worker fails or the timeout "
             "passes, every process is stopped, and the launcher exits with that worker's code "
-            "(124 on timeout)."
+            "(124 on timeout). With --hosts, the same across several hosts, each process "
+            "started through --remote (ssh by default)."
         ),
         epilog=(
             "example: python -m shardloader.launch -n 2 -s 1 --timeout 600 "
@@ -117,6 +167,18 @@ def _parse_env(pairs: Sequence[str], parser: argparse.ArgumentParser) -> Dict[st
     return env
 
 
+def _log_to_stderr() -> None:
+    """The launcher's messages on stderr, whatever the root logger is (MXNet 2.x configures
+    it on import, which makes ``logging.basicConfig`` do nothing)."""
+    log = logging.getLogger("shardloader.launch")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("shardloader.launch: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
     raise _Interrupted(signum)
 
@@ -129,6 +191,31 @@ def _interrupt_on_stop_signals() -> None:
         signal.signal(signal.SIGHUP, _raise_interrupted)
 
 
+def _launch(args: argparse.Namespace, command: List[str], env: Dict[str, str]) -> LaunchResult:
+    """``launch_local``, or ``launch_hosts`` with ``--hosts``."""
+    common: Dict[str, Any] = dict(
+        env=env,
+        timeout=args.timeout,
+        port=args.port,
+        grace_period=args.grace_period,
+        verbose=args.verbose,
+    )
+    if args.hosts is None:
+        return launch_local(command, args.num_workers, args.num_servers, **common)
+    return launch_hosts(
+        command,
+        args.hosts,
+        args.num_workers,
+        args.num_servers,
+        remote=DEFAULT_REMOTE if args.remote is None else args.remote,
+        connect_timeout=(
+            _DEFAULT_CONNECT_TIMEOUT_S if args.connect_timeout is None else args.connect_timeout
+        ),
+        workdir=args.workdir,
+        **common,
+    )
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit status."""
     parser = _parser()
@@ -137,20 +224,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not command:
         parser.error("the worker COMMAND is missing")
     env = _parse_env(args.env, parser)
-    logging.basicConfig(format="shardloader.launch: %(message)s", level=logging.INFO)
+    given = [f for f in ("remote", "connect_timeout", "workdir") if getattr(args, f) is not None]
+    if args.hosts is None and given:
+        flags = ", ".join("--" + f.replace("_", "-") for f in given)
+        parser.error(f"{flags} only apply with --hosts")
+    _log_to_stderr()
     prog = parser.prog
     _interrupt_on_stop_signals()
     try:
-        result = launch_local(
-            command,
-            args.num_workers,
-            args.num_servers,
-            env=env,
-            timeout=args.timeout,
-            port=args.port,
-            grace_period=args.grace_period,
-            verbose=args.verbose,
-        )
+        result = _launch(args, command, env)
     except ValueError as exc:
         parser.error(str(exc))
     except OSError as exc:

@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from .._engine.lifeline import parent_death_signal
 from ._nodes import EXIT_TIMEOUT, NodeProcess, _exit_status
@@ -76,6 +76,8 @@ class _Cluster:
         """Wait for the outcome; return ``(returncode, failure, timed_out)``."""
         deadline = None if timeout is None else self._started + timeout
         failed = self._wait_for_workers(deadline)
+        if isinstance(failed, str):
+            return 1, failed, False
         if failed is not None:
             return _exit_status(failed.returncode), failed.describe(), False
         running = self._running_workers()
@@ -99,14 +101,22 @@ class _Cluster:
     def _running_workers(self) -> List[NodeProcess]:
         return [p for p in self.processes if p.role == "worker" and p.returncode is None]
 
-    def _wait_for_workers(self, deadline: Optional[float]) -> Optional[NodeProcess]:
-        """Wait until every worker exits 0 (None), one process fails (it), or the deadline."""
+    def _watch(self) -> Optional[str]:
+        """Called at every poll: a failure that ends the run, or None. (None here.)"""
+        return None
+
+    def _wait_for_workers(self, deadline: Optional[float]) -> Union[None, NodeProcess, str]:
+        """Wait until every worker exits 0 (None), one process fails (it), ``_watch`` finds a
+        failure (its message), or the deadline."""
         while True:
             for proc in self._poll():
                 if proc.returncode != 0:
                     return proc
             if not self._running_workers():
                 return None
+            failure = self._watch()
+            if failure is not None:
+                return failure
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             time.sleep(_POLL_INTERVAL_S)
@@ -118,7 +128,7 @@ class _Cluster:
             time.sleep(_POLL_INTERVAL_S)
 
     def teardown(self) -> List[NodeProcess]:
-        """Terminate, then kill, every group that still has a live member; return those stopped.
+        """Stop every process still running (``_stop_all``); return those it stopped.
 
         Idempotent. ``SIGINT`` and ``SIGTERM`` are blocked while it runs.
         """
@@ -130,15 +140,17 @@ class _Cluster:
             stopped = [p for p in self.processes if p.returncode is None]
             for proc in stopped:
                 proc.stopped = True
-            groups = self._live_groups()
-            for proc in self.processes:
-                if proc.pid in groups and not proc.stopped:
-                    _log.warning(
-                        "%s exited but left processes in its group; stopping them", proc.name
-                    )
-            self._stop_groups(groups)
-            self._poll()
+            self._stop_all()
         return stopped
+
+    def _stop_all(self) -> None:
+        """Terminate, then kill, every group that still has a live member."""
+        groups = self._live_groups()
+        for proc in self.processes:
+            if proc.pid in groups and not proc.stopped:
+                _log.warning("%s exited but left processes in its group; stopping them", proc.name)
+        self._stop_groups(groups)
+        self._poll()
 
     def _stop_groups(self, groups: Set[int]) -> None:
         """``SIGTERM`` the groups, wait ``grace_period``, ``SIGKILL`` the survivors, wait."""

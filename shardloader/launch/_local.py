@@ -28,6 +28,16 @@ _BOOTSTRAP = (
 # Inherited variables that would break the cluster: ps-lite keeps a preset DMLC_RANK instead of
 # taking the rank the scheduler assigns.
 _DROPPED_VARS = ("DMLC_RANK",)
+# The variables the launcher sets itself; an ``env`` that sets one is refused rather than
+# silently overwritten (a DMLC_NODE_HOST given there would not be the address used).
+_LAUNCHER_VARS = (
+    "DMLC_ROLE",
+    "DMLC_PS_ROOT_URI",
+    "DMLC_PS_ROOT_PORT",
+    "DMLC_NODE_HOST",
+    "DMLC_NUM_WORKER",
+    "DMLC_NUM_SERVER",
+)
 
 
 def launch_local(
@@ -53,8 +63,8 @@ def launch_local(
     num_servers : int, optional
         Number of servers (``DMLC_NUM_SERVER``), at least 1. Default: ``num_workers``.
     env : mapping, optional
-        Variables added to the launcher's environment for every process. The ``DMLC_*``
-        variables the cluster needs are set after them.
+        Variables added to the launcher's environment for every process. It may not set the
+        ``DMLC_*`` variables the launcher sets (``ValueError``).
     timeout : float, optional
         Seconds after which the whole cluster is stopped and the run fails with code 124.
     port : int, optional
@@ -90,11 +100,16 @@ def launch_local(
     """
     argv = _check_command(cmd)
     num_servers = num_workers if num_servers is None else num_servers
+    _check_env(env)
     port = _check_options(num_workers, num_servers, timeout, grace_period, port)
     node_env = _cluster_env(env, port, num_workers, num_servers, verbose)
     cluster = _Cluster(grace_period)
     outcome, stopped = cluster.run(_roles(argv, num_workers, num_servers), node_env, timeout)
-    return _result(cluster, outcome, stopped, port)
+    failure = outcome[1]
+    hint = None
+    if failure is not None and failure.startswith("scheduler"):
+        hint = f" (is port {port} free on {_HOST}?)"
+    return _result(cluster, outcome, stopped, port, hint)
 
 
 def _check_command(cmd: Union[str, Sequence[str]]) -> List[str]:
@@ -102,6 +117,15 @@ def _check_command(cmd: Union[str, Sequence[str]]) -> List[str]:
     if not argv or not all(isinstance(a, str) for a in argv):
         raise ValueError(f"cmd must be a non-empty command (str or list of str), got {cmd!r}")
     return argv
+
+
+def _check_env(env: Optional[Mapping[str, str]]) -> None:
+    set_here = sorted(set(env or {}) & set(_LAUNCHER_VARS))
+    if set_here:
+        raise ValueError(
+            f"env sets {', '.join(set_here)}, which the launcher sets itself (DMLC_NODE_HOST "
+            f"is {_HOST} here, or each host's address from hosts NAME=ADDRESS); remove it"
+        )
 
 
 def _check_options(
@@ -112,17 +136,27 @@ def _check_options(
     port: Optional[int],
 ) -> int:
     """Check ``launch_local``'s numbers; return the scheduler port (a free one if None)."""
+    _check_numbers(num_workers, num_servers, timeout, grace_period)
+    if port is None:
+        return _free_port(_HOST)
+    _check_port(port)
+    return port
+
+
+def _check_numbers(
+    num_workers: int, num_servers: int, timeout: Optional[float], grace_period: float
+) -> None:
     check_int("num_workers", num_workers, 1)
     check_int("num_servers", num_servers, 1)
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     if not grace_period >= 0:
         raise ValueError(f"grace_period must be a non-negative number, got {grace_period!r}")
-    if port is None:
-        return _free_port(_HOST)
+
+
+def _check_port(port: object) -> None:
     if not (isinstance(port, int) and 0 < port < 65536):
         raise ValueError(f"port must be an int in 1..65535 or None, got {port!r}")
-    return port
 
 
 def _roles(argv: List[str], num_workers: int, num_servers: int) -> List[Tuple[str, int, List[str]]]:
@@ -136,14 +170,17 @@ def _roles(argv: List[str], num_workers: int, num_servers: int) -> List[Tuple[st
 
 
 def _result(
-    cluster: _Cluster, outcome: _Outcome, stopped: List[NodeProcess], port: int
+    cluster: _Cluster,
+    outcome: _Outcome,
+    stopped: List[NodeProcess],
+    port: int,
+    hint: Optional[str] = None,
 ) -> LaunchResult:
-    """The ``LaunchResult``. A failure message gets a hint for the scheduler's port and names
-    what the teardown stopped; after a success, a warning names the processes it stopped."""
+    """The ``LaunchResult``. A failure message gets ``hint`` and names what the teardown
+    stopped; after a success, a warning names the processes it stopped."""
     returncode, failure, timed_out = outcome
     if failure is not None:
-        if failure.startswith("scheduler"):
-            failure += f" (is port {port} free on {_HOST}?)"
+        failure += hint or ""
         if stopped:
             failure += "; stopped " + ", ".join(p.name for p in stopped)
     elif stopped:

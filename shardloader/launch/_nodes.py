@@ -28,6 +28,11 @@ class NodeProcess:
         As ``subprocess.Popen.returncode``: negative for a signal; None while running.
     stopped : bool
         True when the launcher terminated the process during teardown.
+    host : str or None
+        With ``launch_hosts``: the name of the host it runs on; ``pid`` is then the local
+        process of the remote command (``ssh``...) and ``remote_pid`` the process on the host.
+    remote_pid : int or None
+        With ``launch_hosts``: the pid of the command on its host, once it has started.
     """
 
     role: str
@@ -35,15 +40,24 @@ class NodeProcess:
     pid: int
     returncode: Optional[int] = None
     stopped: bool = False
+    host: Optional[str] = None
+    remote_pid: Optional[int] = None
 
     @property
     def name(self) -> str:
-        """``'scheduler'``, ``'server 0'``, ``'worker 1'``…"""
-        return self.role if self.role == "scheduler" else f"{self.role} {self.index}"
+        """``'scheduler'``, ``'server 0'``, ``'worker 1'``, ``'worker 1 on h3'``…"""
+        name = self.role if self.role == "scheduler" else f"{self.role} {self.index}"
+        return name if self.host is None else f"{name} on {self.host}"
 
     def describe(self) -> str:
         """How the process ended, in words: ``'worker 1 (pid 42) exited with code 3'``."""
-        return f"{self.name} (pid {self.pid}) {_describe_returncode(self.returncode)}"
+        if self.host is None:
+            pid = f"pid {self.pid}"
+        elif self.remote_pid is None:
+            pid = f"not started on {self.host}; local pid {self.pid}"
+        else:
+            pid = f"pid {self.remote_pid}"
+        return f"{self.name} ({pid}) {_describe_returncode(self.returncode)}"
 
 
 @dataclass
