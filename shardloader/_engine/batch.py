@@ -17,9 +17,11 @@ from .nest import is_sharded
 from .seeding import (
     MXNET_SEED_DOMAIN,
     GlobalRNGState,
+    defer_mxnet_seed,
     derive_seed,
-    seed_all,
-    seed_mxnet,
+    drop_deferred_mxnet_seed,
+    sample_seed,
+    sample_seed_prefix,
     seed_python_and_numpy,
 )
 
@@ -100,18 +102,22 @@ class BatchMaker:
                 for i in indices:
                     out.append(dataset[i])
                 return out
+            seed = self.seed
             with self._lock, GlobalRNGState() if self._shared else contextlib.nullcontext():
-                # By default MXNet's RNG once per batch: reseeding it costs about a millisecond
-                # of engine work. random and numpy.random, which cost microseconds, per sample.
+                # random and numpy.random per sample (microseconds). MXNet's RNG by default
+                # once per batch, and only if something draws from it: a reseed costs about
+                # a millisecond of engine work (seeding.defer_mxnet_seed).
                 per_sample = self._mxnet_per_sample
                 if not per_sample:
-                    seed_mxnet(derive_seed(self.seed ^ MXNET_SEED_DOMAIN, epoch, _fold(indices)))
+                    defer_mxnet_seed(
+                        lambda: derive_seed(seed ^ MXNET_SEED_DOMAIN, epoch, _fold(indices))
+                    )
+                prefix = sample_seed_prefix(seed, epoch)
                 for i in indices:
-                    value = derive_seed(self.seed, epoch, int(i))
+                    value = sample_seed(prefix, i)
+                    seed_python_and_numpy(value)
                     if per_sample:
-                        seed_all(value)
-                    else:
-                        seed_python_and_numpy(value)
+                        defer_mxnet_seed(value)
                     out.append(dataset[i])
                 return out
         except StopIteration as exc:
@@ -130,14 +136,21 @@ class BatchMaker:
         own memory and the usual types, whatever the transport does with the batch."""
         if self._numpy_flags is not None:
             _alloc.set_numpy_flags(self._numpy_flags)
-        first = self._first_batch
-        if first is not None:
-            with first:
-                if self._first_batch is not None:
-                    batch = self._make(indices, epoch, output)
-                    self._first_batch = None  # set up: from now on, in parallel
-                    return batch
-        return self._make(indices, epoch, output)
+        try:
+            first = self._first_batch
+            if first is not None:
+                with first:
+                    if self._first_batch is not None:
+                        batch = self._make(indices, epoch, output)
+                        self._first_batch = None  # set up: from now on, in parallel
+                        return batch
+            return self._make(indices, epoch, output)
+        finally:
+            if self.seed is not None:
+                # A seed MXNet did not need: batchify has drawn what it draws from the
+                # batch's seed (as if MXNet had been seeded before it), the caller's own
+                # MXNet calls come next.
+                drop_deferred_mxnet_seed()
 
     def _make(self, indices: Sequence, epoch: int, output: Callable[[], ContextManager]) -> Any:
         if is_sharded(indices):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -40,10 +40,18 @@ def _splitmix64(x: int) -> int:
 
 def derive_seed(seed: int, epoch: int, index: int) -> int:
     """A 31-bit seed for one sample (or worker): cheap, well mixed and stable."""
-    h = _splitmix64(int(seed) & _MASK64)
-    h = _splitmix64(h ^ (int(epoch) & _MASK64))
-    h = _splitmix64(h ^ (int(index) & _MASK64))
-    return h & 0x7FFFFFFF
+    return sample_seed(sample_seed_prefix(seed, epoch), index)
+
+
+def sample_seed_prefix(seed: int, epoch: int) -> int:
+    """What :func:`derive_seed` mixes from ``(seed, epoch)``, once for a whole batch:
+    ``sample_seed(sample_seed_prefix(s, e), i) == derive_seed(s, e, i)``."""
+    return _splitmix64(_splitmix64(int(seed) & _MASK64) ^ (int(epoch) & _MASK64))
+
+
+def sample_seed(prefix: int, index: int) -> int:
+    """``derive_seed`` for one sample, from its batch's :func:`sample_seed_prefix`."""
+    return _splitmix64(prefix ^ (int(index) & _MASK64)) & 0x7FFFFFFF
 
 
 def seed_python_and_numpy(value: int) -> None:
@@ -81,6 +89,93 @@ def seed_all(value: int) -> None:
     """Seed Python's ``random``, numpy's global RNG and MXNet's RNG with ``value``."""
     seed_python_and_numpy(value)
     seed_mxnet(value)
+
+
+# ---------------------------------------------------------------- MXNet, seeded on demand
+# A reseed costs about a millisecond of engine work, and most datasets never draw from
+# MXNet's RNG. So a batch only says which seed MXNet would get (``defer_mxnet_seed``), and
+# the reseed happens in this thread just before its next call into libmxnet that runs
+# operators or seeds: every draw (an operator, a hybridized block, an mx.np function, an
+# executor) goes through one of these, and MXNet's RNG is per thread (1.x and 2.x alike).
+# The draws are those of a reseed at the start of the batch, bit for bit: until that call,
+# nothing has touched this thread's RNG. Without the ctypes front end (MXNet built with
+# Cython calls libmxnet directly), every deferred seed is applied at once.
+_RNG_CALLS = (
+    "MXImperativeInvoke",
+    "MXImperativeInvokeEx",
+    "MXInvokeCachedOp",
+    "MXInvokeCachedOpEx",
+    "MXNetFuncCall",
+    "MXExecutorForward",
+    "MXExecutorBackward",
+    "MXExecutorBackwardEx",
+    "MXAutogradBackward",
+    "MXAutogradBackwardEx",
+    "MXRandomSeed",
+    "MXRandomSeedContext",
+)
+_deferred = threading.local()
+_guard_lock = threading.Lock()
+_guarded: Optional[bool] = None  # None: not yet decided (MXNet is imported lazily)
+
+
+def defer_mxnet_seed(seed: Union[int, Callable[[], int]]) -> None:
+    """Seed MXNet's RNG (:func:`seed_mxnet`) in this thread before anything in it draws from
+    MXNet, or not at all if nothing does. ``seed``: the value, or a function that computes
+    it (called only if the reseed happens). Replaces a seed deferred before."""
+    if _guarded is None:
+        _guard_mxnet()
+    if _guarded:
+        _deferred.seed = seed
+    else:
+        seed_mxnet(seed() if callable(seed) else seed)
+
+
+def drop_deferred_mxnet_seed() -> None:
+    """Forget this thread's deferred seed: the batch it was for is made."""
+    _deferred.seed = None
+
+
+def _apply_deferred() -> None:
+    seed = getattr(_deferred, "seed", None)
+    if seed is not None:
+        _deferred.seed = None  # first: seed_mxnet's own calls pass through
+        seed_mxnet(seed() if callable(seed) else seed)
+
+
+def _guard_mxnet() -> None:
+    """Route the libmxnet calls that can draw or seed through ``_apply_deferred``, once per
+    process (a forked worker inherits it)."""
+    global _guarded
+    with _guard_lock:
+        if _guarded is not None:
+            return
+        from mxnet import base
+        from mxnet._ffi import function
+        from mxnet.ndarray import _internal
+
+        lib = base._LIB
+        front_ends = (_internal._imperative_invoke, function._FunctionBase)
+        if not all(f.__module__.startswith(("mxnet._ctypes", "mxnet._ffi._ctypes")) for f in front_ends):
+            _guarded = False
+            return
+        for name in _RNG_CALLS:
+            try:
+                call = getattr(lib, name)
+            except AttributeError:
+                continue  # not in this MXNet version
+            setattr(lib, name, _seeding_first(call))
+        _guarded = True
+
+
+def _seeding_first(call: Callable) -> Callable:
+    def guarded(*args):
+        if getattr(_deferred, "seed", None) is not None:
+            _apply_deferred()
+        return call(*args)
+
+    guarded.__wrapped__ = call  # type: ignore[attr-defined]
+    return guarded
 
 
 class GlobalRNGState:
