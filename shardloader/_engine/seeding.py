@@ -6,7 +6,11 @@ here, so it never depends on scheduling, worker count or pool type.
 
 from __future__ import annotations
 
+import _random
+import array
+import ctypes
 import random
+import sys
 import threading
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -54,10 +58,19 @@ def sample_seed(prefix: int, index: int) -> int:
     return _splitmix64(prefix ^ (int(index) & _MASK64)) & 0x7FFFFFFF
 
 
+# The generators behind the module-level functions of random and numpy.random.
+_PY_RANDOM: random.Random = random.seed.__self__  # type: ignore[attr-defined]
+_NP_RANDOM: np.random.RandomState = np.random.seed.__self__  # type: ignore[attr-defined]
+_seed_mersenne = _random.Random.seed
+
+
 def seed_python_and_numpy(value: int) -> None:
-    """Seed Python's ``random`` and numpy's global RNG (a few microseconds)."""
-    random.seed(value)
-    np.random.seed(value)
+    """Seed Python's ``random`` and numpy's global RNG (a few microseconds): what
+    ``random.seed(value)`` and ``np.random.seed(value)`` do, without the checks that
+    ``random.seed`` makes in Python for an argument that may not be an int."""
+    _seed_mersenne(_PY_RANDOM, value)
+    _PY_RANDOM.gauss_next = None  # type: ignore[attr-defined]
+    _NP_RANDOM.seed(value)
 
 
 _reseeds = threading.local()
@@ -156,7 +169,8 @@ def _guard_mxnet() -> None:
 
         lib = base._LIB
         front_ends = (_internal._imperative_invoke, function._FunctionBase)
-        if not all(f.__module__.startswith(("mxnet._ctypes", "mxnet._ffi._ctypes")) for f in front_ends):
+        ctypes_front_ends = ("mxnet._ctypes", "mxnet._ffi._ctypes")
+        if not all(f.__module__.startswith(ctypes_front_ends) for f in front_ends):
             _guarded = False
             return
         for name in _RNG_CALLS:
@@ -182,18 +196,171 @@ class GlobalRNGState:
     """Saves and restores the global RNG states, so inline seeding leaves the user's alone."""
 
     def __init__(self) -> None:
-        # random's state, and numpy's legacy one (its type depends on numpy's version).
         self._saved: Optional[Tuple[Tuple[Any, ...], Any]] = None
 
     def __enter__(self) -> GlobalRNGState:
-        self._saved = (random.getstate(), np.random.get_state())
+        self._saved = (_PY_RANDOM.getstate(), _numpy_state.save())
         return self
 
     def __exit__(self, *exc) -> None:
         if self._saved is not None:
             py, state = self._saved
-            random.setstate(py)
-            np.random.set_state(state)
+            _PY_RANDOM.setstate(py)
+            _numpy_state.restore(state)
+
+
+def global_rng_marks() -> Tuple[Any, Any]:
+    """What tells whether anything drew from ``random`` or ``numpy.random`` since: compare
+    two marks. numpy's omits a cached Gaussian value, so take it where there is none (just
+    after seeding, or in :class:`UnseededWatch`)."""
+    return _python_state.mark(), _numpy_state.mark()
+
+
+class UnseededWatch:
+    """Around samples loaded without seeding ``random`` and ``numpy.random``: afterwards,
+    ``touched`` tells whether anything drew from them (or seeded them). Untouched, their
+    states are as they were; touched, they are given back as they were before.
+
+    A sample that draws nothing gives the same result whatever the states are, so an
+    untouched batch is the batch that seeding every sample would have made.
+    """
+
+    touched = False
+
+    def __enter__(self) -> UnseededWatch:
+        self._py = _python_state.mark()
+        self._np = _numpy_state.save()
+        # Without a cached Gaussian value: taking one changes nothing else in the state.
+        _numpy_state.drop_cached(self._np)
+        self._np_mark = _numpy_state.mark()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.touched = _python_state.mark() != self._py or _numpy_state.mark() != self._np_mark
+        if self.touched:
+            _python_state.restore(self._py)
+        if self.touched or _numpy_state.had_cached(self._np):
+            _numpy_state.restore(self._np)
+
+
+_RANDOM_BYTES = 4 + 624 * 4  # CPython's RandomObject after its header: int index; uint32 state[624]
+
+
+class _PythonState:
+    """Marks of ``random``'s generator, to tell whether anything drew from it: its
+    Mersenne Twister state read as bytes from the object (about a microsecond, where
+    ``random.getstate()`` builds a tuple of 625 ints in 10 µs and comparing two takes as
+    long), and ``gauss_next``. The layout is CPython's, checked against ``getstate()`` once;
+    elsewhere the marks are ``getstate()`` itself.
+    """
+
+    def __init__(self) -> None:
+        self._address: Optional[int] = None
+        try:
+            address = id(_PY_RANDOM) + object.__basicsize__
+            words = _PY_RANDOM.getstate()[1]
+            expected = words[-1].to_bytes(4, sys.byteorder, signed=True)
+            expected += array.array("I", words[:-1]).tobytes()
+            cpython = sys.implementation.name == "cpython" and array.array("I").itemsize == 4
+            if cpython and ctypes.string_at(address, _RANDOM_BYTES) == expected:
+                self._address = address
+        except (AttributeError, IndexError, OverflowError, TypeError, ValueError):
+            pass
+
+    def mark(self) -> Any:
+        if self._address is None:
+            return _PY_RANDOM.getstate()
+        return ctypes.string_at(self._address, _RANDOM_BYTES), _PY_RANDOM.gauss_next  # type: ignore[attr-defined]
+
+    def restore(self, mark: Any) -> None:
+        """Gives ``random`` the state it had at ``mark``."""
+        if self._address is None:
+            _PY_RANDOM.setstate(mark)
+            return
+        state, gauss_next = mark
+        words = array.array("I")
+        words.frombytes(state[4:])
+        index = int.from_bytes(state[:4], sys.byteorder, signed=True)
+        _PY_RANDOM.setstate((_PY_RANDOM.VERSION, tuple(words) + (index,), gauss_next))
+
+
+_python_state = _PythonState()
+
+
+_MT19937_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32_t key[624]; int pos
+
+
+class _NumpyState:
+    """Saves and restores numpy's global RandomState in a few microseconds.
+
+    ``np.random.get_state`` and ``set_state`` copy the 624 words of its MT19937 state one
+    by one, about 40 µs each way. Here the state is copied as bytes, through the bit
+    generator's ctypes interface; the layout is checked against ``get_state`` once, and any
+    other generator or layout takes the slow path. The Gaussian value a RandomState caches
+    (``randn`` draws them in pairs) is outside that state: a probe tells whether there is
+    one, and only then is the slow path taken to restore it.
+    """
+
+    def __init__(self) -> None:
+        self._address: Optional[int] = None
+        try:
+            generator = _NP_RANDOM._bit_generator
+            address = generator.ctypes.state_address
+            key, pos = generator.state["state"]["key"], generator.state["state"]["pos"]
+            expected = np.asarray(key, np.uint32).tobytes() + int(pos).to_bytes(4, sys.byteorder)
+            if (
+                type(generator).__name__ == "MT19937"
+                and ctypes.string_at(address, _MT19937_BYTES) == expected
+            ):
+                self._address = address
+        except (AttributeError, KeyError, TypeError, ValueError):
+            pass
+
+    def save(self) -> Any:
+        """The state: ``(MT19937 bytes, the cached Gaussian value or None)``, or on the
+        slow path ``np.random.get_state()``."""
+        address = self._address
+        if address is None:
+            return np.random.get_state()
+        state = ctypes.string_at(address, _MT19937_BYTES)
+        # Takes the cached value if there is one (then the state is untouched), else draws.
+        value = _NP_RANDOM.standard_normal()
+        cached = ctypes.string_at(address, _MT19937_BYTES) == state
+        return state, value if cached else None
+
+    def restore(self, saved: Any) -> None:
+        address = self._address
+        if address is None:
+            np.random.set_state(saved)
+            return
+        state, gauss = saved
+        if gauss is None:
+            _NP_RANDOM.seed(0)  # clears the cached value, if any
+            ctypes.memmove(address, state, _MT19937_BYTES)
+        else:
+            key = np.frombuffer(state, np.uint32, 624)
+            pos = int.from_bytes(state[-4:], sys.byteorder, signed=True)
+            np.random.set_state(("MT19937", key, pos, 1, gauss))
+
+    def drop_cached(self, saved: Any) -> None:
+        """The state of ``saved``, without a cached Gaussian value."""
+        if self._address is None:
+            np.random.set_state(saved[:3] + (0, 0.0))
+        else:
+            self.restore((saved[0], None))
+
+    def had_cached(self, saved: Any) -> bool:
+        return bool(saved[3]) if self._address is None else saved[1] is not None
+
+    def mark(self) -> Any:
+        """The MT19937 state (not the cached Gaussian value), comparable with ``==``."""
+        if self._address is None:
+            state: Any = np.random.get_state()
+            return state[1].tobytes(), state[2]
+        return ctypes.string_at(self._address, _MT19937_BYTES)
+
+
+_numpy_state = _NumpyState()
 
 
 def seed_thread_worker(worker_id: int, seed: Optional[int], entropy: int) -> None:
