@@ -160,15 +160,18 @@ class BatchMaker:
         if nothing drew from them: the batch is then the one seeding would have made. False
         if something did: the dataset draws after all, and is seeded from now on; the
         caller makes the batch again, seeded."""
-        watch = UnseededWatch()
+        dataset, watch = self.dataset, UnseededWatch()
         try:
             with watch:
                 self._defer_mxnet(indices, epoch)
-                prefix = sample_seed_prefix(self.seed, epoch)  # type: ignore[arg-type]
-                for i in indices:
-                    if self._mxnet_per_sample:
+                if self._mxnet_per_sample:
+                    prefix = sample_seed_prefix(self.seed, epoch)  # type: ignore[arg-type]
+                    for i in indices:
                         defer_mxnet_seed(sample_seed(prefix, i))
-                    out.append(self.dataset[i])
+                        out.append(dataset[i])
+                else:
+                    for i in indices:
+                        out.append(dataset[i])
         except Exception:
             if not watch.touched:
                 raise  # an error that random and numpy.random had no part in
