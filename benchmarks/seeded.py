@@ -8,16 +8,15 @@ float32 and a label per sample, which draws nothing), where the per-sample work 
 smallest and seeding weighs most:
 
 * a cell is a mode (``inline``, ``process``: 2 process workers, ``thread``: 2 thread
-  workers) and a batch size (4, and W1's 32); every cell runs unseeded and with
-  ``seed=1``, shuffled, each run in a fresh process, timed by
-  :func:`benchmarks.harness.time_loader` (one warm-up epoch, then timed epochs adding up
-  to ``--min-time-s``);
-* a round runs every (cell, seeded) pair once, in an order that alternates between
-  rounds; the two runs of a pair follow each other, so the load of the machine cancels in
-  their ratio;
-* the report gives each one's median samples/s with its range, and seeded over unseeded
-  paired by round (the median of the per-round ratios, with their range), against the
-  targets of issue 32: at least 0.5x at batch 4 and 0.8x at W1's batch.
+  workers) and a batch size (4, and W1's 32). A cell's run, in a fresh process, builds
+  an unseeded loader and one with ``seed=1`` (shuffled, both), warms each up for an
+  epoch, then times their epochs in turn, each by :func:`benchmarks.harness.time_loader`,
+  until each has ``--min-time-s`` of timed epochs: the two sides see the same load of the
+  machine, to within an epoch, and the run's ratio is seeded over unseeded samples/s;
+* a round runs every cell once, in an order that alternates between rounds;
+* the report gives each side's median samples/s over the rounds, with its range, and the
+  median of the rounds' ratios with their range, against the targets of issue 32: at
+  least 0.5x at batch 4 and 0.8x at W1's batch.
 
 Examples
 --------
@@ -47,29 +46,70 @@ MODES = {
     "thread": {"num_workers": 2, "thread_pool": True},
 }
 W1_BATCH = WORKLOADS["W1"].batch_size
+W1_SAMPLES = WORKLOADS["W1"].quick_samples  # short epochs: the two sides alternate often
 # (batch size, the least seeded/unseeded ratio issue 32 asks for)
 TARGETS = {4: 0.5, W1_BATCH: 0.8}
 
 
-def measure(mode: str, batch_size: int, seeded: bool, samples: int, min_time_s: float) -> Dict:
-    """One run, in this process: W1's data through ``shardloader.DataLoader``."""
+class _Kept:
+    """A loader that :func:`~benchmarks.harness.time_loader` times for one epoch without
+    closing it (it closes what has a ``close``), so one loader serves every epoch."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __iter__(self):
+        return iter(self._loader)
+
+
+def measure(mode: str, batch_size: int, samples: int, min_time_s: float) -> Dict[str, Any]:
+    """One cell, in this process: W1's data through two ``shardloader.DataLoader``, one
+    unseeded and one with ``seed=1``, epochs alternating between them (after one warm-up
+    epoch each) until each has ``min_time_s`` of timed epochs (at least 2), so that both
+    see the same load. Every epoch is timed by :func:`~benchmarks.harness.time_loader`."""
     from shardloader import DataLoader
 
     from .harness import time_loader
     from .workloads import TinyDataset
 
-    def factory():
-        return DataLoader(
-            TinyDataset(samples),
-            batch_size=batch_size,
-            shuffle=True,
-            seed=1 if seeded else None,
-            **MODES[mode],
-        )
-
-    result = time_loader(factory, expect_samples=samples, min_time_s=min_time_s)
-    keep = ("samples_per_s", "batches_per_s", "us_per_batch", "epochs", "timed_s")
-    return {k: result[k] for k in keep}
+    data = TinyDataset(samples)
+    sides = {
+        name: DataLoader(data, batch_size=batch_size, shuffle=True, seed=seed, **MODES[mode])
+        for name, seed in (("unseeded", None), ("seeded", 1))
+    }
+    timed: Dict[str, List[Dict[str, Any]]] = {name: [] for name in sides}
+    try:
+        for loader in sides.values():
+            time_loader(lambda loader=loader: _Kept(loader), warmup_epochs=1, max_epochs=1)
+        while (
+            min(len(t) for t in timed.values()) < 2
+            or min(sum(r["timed_s"] for r in t) for t in timed.values()) < min_time_s
+        ):
+            order = list(sides) if len(timed["seeded"]) % 2 == 0 else list(sides)[::-1]
+            for name in order:
+                loader = sides[name]
+                timed[name].append(
+                    time_loader(
+                        lambda loader=loader: _Kept(loader),
+                        expect_samples=samples,
+                        warmup_epochs=0,
+                        min_time_s=0.0,
+                        max_epochs=1,
+                    )
+                )
+    finally:
+        for loader in sides.values():
+            loader.close()
+    out: Dict[str, Any] = {}
+    for name, runs in timed.items():
+        seconds = sum(r["timed_s"] for r in runs)
+        out[name] = {
+            "samples_per_s": sum(r["samples"] for r in runs) / seconds,
+            "us_per_batch": seconds / sum(r["batches"] for r in runs) * 1e6,
+            "epochs": len(runs),
+        }
+    out["ratio"] = out["seeded"]["samples_per_s"] / out["unseeded"]["samples_per_s"]
+    return out
 
 
 def _measure_isolated(spec: Dict[str, Any], timeout_s: float) -> Dict[str, Any]:
@@ -113,54 +153,49 @@ def run(
     say=print,
     isolated: bool = True,
 ) -> Dict[str, Any]:
-    """Every cell, seeded and unseeded, ``rounds`` times; returns the runs and their summary.
-    ``isolated=False`` measures in this process (a quick check of the machinery)."""
+    """Every cell ``rounds`` times, a fresh process each; returns the runs and their
+    summary. ``isolated=False`` measures in this process (a quick check of the machinery)."""
     cells = [(mode, batch) for mode in modes for batch in batch_sizes]
     runs: List[Dict[str, Any]] = []
     for round_ in range(rounds):
         order = cells if round_ % 2 == 0 else cells[::-1]
         for mode, batch in order:
-            pair = (False, True) if round_ % 2 == 0 else (True, False)
-            for seeded in pair:
-                spec = dict(
-                    mode=mode,
-                    batch_size=batch,
-                    seeded=seeded,
-                    samples=samples,
-                    min_time_s=min_time_s,
+            spec = dict(mode=mode, batch_size=batch, samples=samples, min_time_s=min_time_s)
+            if isolated:
+                result = _measure_isolated(spec, timeout_s)
+            else:
+                result = {**measure(**spec), "load": os.getloadavg()[0]}
+            runs.append({"round": round_, **spec, "result": result})
+            if "error" in result:
+                said = result["error"]
+            else:
+                said = (
+                    f"{result['unseeded']['samples_per_s']:,.0f} samples/s, seed=1 "
+                    f"{result['seeded']['samples_per_s']:,.0f}: {result['ratio']:.2f}x"
                 )
-                if isolated:
-                    result = _measure_isolated(spec, timeout_s)
-                else:
-                    result = {**measure(**spec), "load": os.getloadavg()[0]}
-                runs.append({"round": round_, **spec, "result": result})
-                rate = result.get("samples_per_s")
-                said = f"{rate:,.0f} samples/s" if rate else result.get("error")
-                say(
-                    f"[{round_ + 1}/{rounds}] {mode:<7} batch {batch:<3} "
-                    f"{'seed=1' if seeded else 'no seed'}: {said}"
-                )
+            say(f"[{round_ + 1}/{rounds}] {mode:<7} batch {batch:<3} no seed {said}")
     return {"runs": runs, "summary": summarise(runs, cells)}
 
 
 def summarise(runs: Sequence[Dict[str, Any]], cells: Sequence[Tuple[str, int]]) -> List[Dict]:
-    """Per cell: median samples/s (range) of each side, and seeded/unseeded paired by round."""
+    """Per cell: median samples/s (range) of each side over the rounds, and the median
+    (range) of the rounds' seeded/unseeded ratios."""
     out = []
     for mode, batch in cells:
-        rates: Dict[bool, Dict[int, float]] = {False: {}, True: {}}
-        for r in runs:
-            rate = r["result"].get("samples_per_s")
-            if r["mode"] == mode and r["batch_size"] == batch and rate:
-                rates[r["seeded"]][r["round"]] = rate
-        ratios = [s / rates[False][k] for k, s in sorted(rates[True].items()) if k in rates[False]]
+        results = [
+            r["result"]
+            for r in sorted(runs, key=lambda r: r["round"])
+            if r["mode"] == mode and r["batch_size"] == batch and "error" not in r["result"]
+        ]
+        ratios = [r["ratio"] for r in results]
         ratio = _spread(ratios)
         target = TARGETS.get(batch)
         out.append(
             {
                 "mode": mode,
                 "batch_size": batch,
-                "unseeded": _spread(list(rates[False].values())),
-                "seeded": _spread(list(rates[True].values())),
+                "unseeded": _spread([r["unseeded"]["samples_per_s"] for r in results]),
+                "seeded": _spread([r["seeded"]["samples_per_s"] for r in results]),
                 "ratio": ratio,
                 "per_round": ratios,
                 "target": target,
@@ -206,8 +241,8 @@ def report(result: Dict[str, Any], rounds: int, samples: int) -> str:
     errors = [r for r in result["runs"] if "error" in r["result"]]
     for r in errors:
         lines.append(
-            f"\nError: round {r['round'] + 1}, {r['mode']} batch {r['batch_size']} "
-            f"seeded={r['seeded']}: {r['result']['error']}"
+            f"\nError: round {r['round'] + 1}, {r['mode']} batch {r['batch_size']}: "
+            f"{r['result']['error']}"
         )
     return "\n".join(lines)
 
@@ -228,10 +263,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--samples",
         type=int,
-        default=WORKLOADS["W1"].samples,
-        help=f"samples per epoch (default {WORKLOADS['W1'].samples:,}, as W1)",
+        default=W1_SAMPLES,
+        help=f"samples per epoch (default {W1_SAMPLES:,}: W1's quick size)",
     )
-    parser.add_argument("--min-time-s", type=float, default=1.0, help="timed seconds per run")
+    parser.add_argument(
+        "--min-time-s", type=float, default=3.0, help="timed seconds of each side, per run"
+    )
     parser.add_argument("--out", help="write the runs and the summary to this JSON file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
