@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -211,13 +212,28 @@ def _rate(spread: Optional[Dict[str, float]]) -> str:
     return f"{spread['median']:,.0f} ({spread['min']:,.0f}-{spread['max']:,.0f})"
 
 
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "-C", _ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return done.stdout.strip() or "?"
+
+
 def report(result: Dict[str, Any], rounds: int, samples: int) -> str:
     """The summary as a markdown table, with the conditions of the run."""
     loads = [r["result"]["load"] for r in result["runs"] if "load" in r["result"]]
     when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     lines = [
         f"Measured {when} on {platform.machine()} ({os.cpu_count()} cores), Python "
-        f"{platform.python_version()}; {rounds} round(s), {samples:,} samples per epoch; "
+        f"{platform.python_version()}, MXNet {_version('mxnet')}, numpy {_version('numpy')}; "
+        f"shardloader at commit {_commit()}; {rounds} round(s), {samples:,} samples per epoch; "
         f"load average {min(loads, default=0):.1f}-{max(loads, default=0):.1f} at the "
         f"start of the runs.",
         "",
