@@ -547,14 +547,12 @@ def _expected_late_draws(n: int, first: int, seed: int, epoch: int) -> np.ndarra
     return np.array(rows)
 
 
-@pytest.mark.parametrize("backend", ["inline", "thread2", "fork2"])
+@pytest.mark.parametrize("backend", ["inline", "thread2", "fork2", "forkserver2"])
 def test_a_dataset_that_draws_only_in_later_batches_still_gets_every_samples_seed(backend):
     """Batches 0 and 1 draw nothing; batch 2 does, unseeded: it is made again, seeded."""
     n, first = 16, 9
     LateDrawsDataset.calls = 0
-    loader = ShardedDataLoader(
-        LateDrawsDataset(n, first), batch_size=4, seed=3, **BACKENDS[backend]
-    )
+    loader = ShardedDataLoader(LateDrawsDataset(n, first), batch_size=4, seed=3, **MODES[backend])
     epochs = _arrays(loader, 2)
     for epoch, batches in enumerate(epochs):
         got = np.concatenate(batches)
