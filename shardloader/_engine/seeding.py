@@ -163,12 +163,16 @@ def _guard_mxnet() -> None:
     with _guard_lock:
         if _guarded is not None:
             return
-        from mxnet import base
-        from mxnet._ffi import function
-        from mxnet.ndarray import _internal
+        try:
+            from mxnet import base
+            from mxnet._ffi import function
+            from mxnet.ndarray import _internal
 
-        lib = base._LIB
-        front_ends = (_internal._imperative_invoke, function._FunctionBase)
+            lib = base._LIB
+            front_ends = (_internal._imperative_invoke, function._FunctionBase)
+        except (ImportError, AttributeError):  # another MXNet layout: seed every batch
+            _guarded = False
+            return
         ctypes_front_ends = ("mxnet._ctypes", "mxnet._ffi._ctypes")
         if not all(f.__module__.startswith(ctypes_front_ends) for f in front_ends):
             _guarded = False
