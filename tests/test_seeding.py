@@ -20,8 +20,15 @@ from _datasets import (
     RecordingInit,
     WorkerInfoDataset,
 )
+from mxnet.gluon.data import ArrayDataset
 
 from shardloader import ShardedDataLoader, get_worker_info
+from shardloader._engine.seeding import (
+    derive_seed,
+    sample_seed,
+    sample_seed_prefix,
+    seed_python_and_numpy,
+)
 from shardloader.sampler import FixedBucketSampler, SplitSampler
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
@@ -436,6 +443,176 @@ def test_worker_init_fn_does_not_change_seeded_augmentation(tmp_path):
     plain = _aug(BACKENDS["fork2"], seed=8)
     with_init = _aug(BACKENDS["fork2"], seed=8, worker_init_fn=RecordingInit(tmp_path))
     assert _same_arrays(plain, with_init)
+
+
+# ------------------------------------------------------------- seeding only what draws
+# Seeding costs microseconds a sample (random, numpy.random) and a millisecond a batch
+# (MXNet), so a dataset that draws from none of them is not seeded: MXNet is reseeded just
+# before the batch's first call that can draw, random and numpy.random only for a dataset
+# that drew from them. The batches must be those of seeding everything, always.
+
+
+def _mx_jitter(x):
+    """A transform that draws from MXNet's RNG."""
+    return x + mx.nd.random.uniform(shape=x.shape, ctx=mx.cpu()).asnumpy()
+
+
+class HybridDropoutDataset(RangeDataset):
+    """Samples through a hybridized Dropout (a cached graph, not one operator at a time)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n, width=8)
+        self._net = None
+
+    def __getitem__(self, i):
+        if self._net is None:
+            self._net = mx.gluon.nn.Dropout(0.5)
+            self._net.hybridize()
+        ones = mx.np.ones if mx.__version__.startswith("2") else mx.nd.ones
+        with mx.autograd.train_mode():
+            return self._net(ones((8,), ctx=mx.cpu())).asnumpy() * (i + 1)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_net": None}
+
+
+class SelfSeedingDataset(RangeDataset):
+    """Seeds MXNet itself for some samples, then draws."""
+
+    def __getitem__(self, i):
+        if i % 3 == 0:
+            mx.random.seed(i)
+        return np.array([i, mx.nd.random.uniform(ctx=mx.cpu()).asscalar()])
+
+
+class LateDrawsDataset(RangeDataset):
+    """Draws from random and numpy.random only from sample ``first`` on: not in the first
+    batch, which finds no draws, so later batches load unseeded until one draws."""
+
+    calls = 0  # counted in this process (inline loading)
+
+    def __init__(self, n: int, first: int) -> None:
+        super().__init__(n)
+        self.first = first
+
+    def __getitem__(self, i):
+        type(self).calls += 1
+        if i < self.first:
+            return np.array([i, -1.0, -1.0])
+        return np.array([i, random.random(), np.random.rand()])
+
+
+MODES = {**BACKENDS, "forkserver2": dict(num_workers=2, start_method="forkserver")}
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        lambda: ArrayDataset(np.arange(40, dtype=np.float32).reshape(20, 2)).transform(_mx_jitter),
+        lambda: HybridDropoutDataset(20),
+        lambda: SelfSeedingDataset(20),
+    ],
+    ids=["transform", "hybridized", "self-seeding"],
+)
+@pytest.mark.parametrize("backend", ["fork2", "thread2", "forkserver2"])
+def test_mxnet_draws_are_identical_inline_and_in_workers(dataset, backend):
+    _disturb_global_rngs(1)
+    reference = _arrays(ShardedDataLoader(dataset(), batch_size=4, shuffle=True, seed=9), 2)
+    _disturb_global_rngs(2)
+    loader = ShardedDataLoader(dataset(), batch_size=4, shuffle=True, seed=9, **MODES[backend])
+    assert _same_arrays(_arrays(loader, 2), reference)
+    other_seed = _arrays(ShardedDataLoader(dataset(), batch_size=4, shuffle=False, seed=10), 1)
+    same_order = _arrays(ShardedDataLoader(dataset(), batch_size=4, shuffle=False, seed=9), 1)
+    assert not _same_arrays(other_seed, same_order), "MXNet's draws did not follow the seed"
+
+
+def test_a_dataset_that_seeds_mxnet_itself_draws_from_its_own_seed():
+    with ShardedDataLoader(SelfSeedingDataset(12), batch_size=4, seed=9) as loader:
+        rows = np.concatenate([b.asnumpy() for b in loader])
+    for i in (0, 3, 6, 9):
+        mx.random.seed(i)
+        assert rows[i, 1] == mx.nd.random.uniform(ctx=mx.cpu()).asscalar()
+
+
+def _expected_late_draws(n: int, first: int, seed: int, epoch: int) -> np.ndarray:
+    rows = []
+    for i in range(n):
+        if i < first:
+            rows.append([i, -1.0, -1.0])
+            continue
+        value = derive_seed(seed, epoch, i)
+        random.seed(value)
+        np.random.seed(value)
+        rows.append([i, random.random(), np.random.rand()])
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("backend", ["inline", "thread2", "fork2", "forkserver2"])
+def test_a_dataset_that_draws_only_in_later_batches_still_gets_every_samples_seed(backend):
+    """Batches 0 and 1 draw nothing; batch 2 does, unseeded: it is made again, seeded."""
+    n, first = 16, 9
+    LateDrawsDataset.calls = 0
+    loader = ShardedDataLoader(LateDrawsDataset(n, first), batch_size=4, seed=3, **MODES[backend])
+    epochs = _arrays(loader, 2)
+    for epoch, batches in enumerate(epochs):
+        got = np.concatenate(batches)
+        assert got.tobytes() == _expected_late_draws(n, first, 3, epoch).tobytes()
+    if backend == "inline":
+        # Each epoch: its first batch seeded, batches 1 and 2 unseeded, batch 2 again
+        # seeded, and the rest seeded.
+        assert LateDrawsDataset.calls == 2 * (n + 4)
+
+
+@pytest.mark.parametrize("first", [0, 9, 99], ids=["draws", "draws-later", "never-draws"])
+def test_inline_seeding_gives_back_the_callers_states_even_mid_gaussian_pair(first):
+    """The caller's random and numpy.random go on as if nothing had loaded, a cached
+    Gaussian value (``randn`` and ``random.gauss`` draw them in pairs) included."""
+
+    def caller(n):
+        return [np.random.randn(), random.gauss(0, 1), np.random.rand(), random.random()][:n]
+
+    np.random.seed(5)
+    random.seed(5)
+    np.random.randn()  # a cached value in each
+    random.gauss(0, 1)
+    expected = [caller(4) for _ in range(4)]
+    np.random.seed(5)
+    random.seed(5)
+    np.random.randn()
+    random.gauss(0, 1)
+    got = []
+    with ShardedDataLoader(LateDrawsDataset(16, first), batch_size=4, seed=1) as loader:
+        for _ in loader:
+            got.append(caller(4))
+    assert got == expected
+
+
+def test_inline_loading_that_draws_nothing_from_mxnet_leaves_the_callers_mxnet_rng_alone():
+    def draws(n):
+        return [mx.nd.random.uniform(ctx=mx.cpu()).asscalar() for _ in range(n)]
+
+    mx.random.seed(123)
+    expected = draws(4)
+    mx.random.seed(123)
+    got = draws(1)
+    with ShardedDataLoader(LateDrawsDataset(12, 0), batch_size=4, seed=5) as loader:
+        for _ in loader:
+            got += draws(1)
+    assert got == expected
+
+
+def test_seeding_primitives_match_the_plain_calls():
+    assert all(
+        sample_seed(sample_seed_prefix(s, e), i) == derive_seed(s, e, i)
+        for s, e, i in [(0, 0, 0), (7, 3, 11), (2**40, -1, 5), (-3, 2**63, 2**62)]
+    )
+    random.gauss(0, 1)
+    np.random.randn()
+    seed_python_and_numpy(42)
+    ours = (random.random(), random.gauss(0, 1), np.random.rand(), np.random.randn())
+    random.seed(42)
+    np.random.seed(42)
+    assert ours == (random.random(), random.gauss(0, 1), np.random.rand(), np.random.randn())
 
 
 # ------------------------------------------------------------ no warnings of our own

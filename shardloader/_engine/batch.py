@@ -17,9 +17,13 @@ from .nest import is_sharded
 from .seeding import (
     MXNET_SEED_DOMAIN,
     GlobalRNGState,
+    UnseededWatch,
+    defer_mxnet_seed,
     derive_seed,
-    seed_all,
-    seed_mxnet,
+    drop_deferred_mxnet_seed,
+    global_rng_marks,
+    sample_seed,
+    sample_seed_prefix,
     seed_python_and_numpy,
 )
 
@@ -87,6 +91,12 @@ class BatchMaker:
         # Threads sharing a dataset make their first batch one at a time: lazy first-call
         # set-up (a hybridized Gluon transform builds its graph then) is not thread-safe.
         self._first_batch: Optional[threading.Lock] = threading.Lock() if shared_process else None
+        # Seeding random and numpy.random costs a few microseconds a sample, as much as a
+        # small sample's loading. The first seeded batch finds out whether the dataset draws
+        # from them; if not, later batches load without seeding them, watched, and a batch
+        # that drew after all is made again, seeded (docs/reproducibility.md).
+        self._learning = True
+        self._rngs_unused = False
 
     def samples(self, indices: Sequence, epoch: int) -> List[Any]:
         length, dataset = self.length, self.dataset
@@ -94,33 +104,80 @@ class BatchMaker:
             for pos, i in enumerate(indices):
                 _check_index(i, pos, length)
         out: List[Any] = []
-        i = None
         try:
             if self.seed is None:
                 for i in indices:
                     out.append(dataset[i])
                 return out
-            with self._lock, GlobalRNGState() if self._shared else contextlib.nullcontext():
-                # By default MXNet's RNG once per batch: reseeding it costs about a millisecond
-                # of engine work. random and numpy.random, which cost microseconds, per sample.
-                per_sample = self._mxnet_per_sample
-                if not per_sample:
-                    seed_mxnet(derive_seed(self.seed ^ MXNET_SEED_DOMAIN, epoch, _fold(indices)))
-                for i in indices:
-                    value = derive_seed(self.seed, epoch, int(i))
-                    if per_sample:
-                        seed_all(value)
-                    else:
-                        seed_python_and_numpy(value)
-                    out.append(dataset[i])
-                return out
+            with self._lock:
+                if self._rngs_unused and self._unseeded(indices, epoch, out):
+                    return out
+                out.clear()
+                return self._seeded(indices, epoch, out)
         except StopIteration as exc:
             # Left alone, it would reach the for loop over the loader as the end of the epoch.
             raise RuntimeError(
-                f"the dataset's __getitem__ raised StopIteration for sample index {i} "
-                f"(position {len(out)} of the batch). It is raised as RuntimeError, as Gluon's "
-                f"DataLoader does: a StopIteration would end the epoch early without a word"
+                f"the dataset's __getitem__ raised StopIteration for sample index "
+                f"{indices[len(out)]} (position {len(out)} of the batch). It is raised as "
+                f"RuntimeError, as Gluon's DataLoader does: a StopIteration would end the "
+                f"epoch early without a word"
             ) from exc
+
+    def _defer_mxnet(self, indices: Sequence, epoch: int) -> None:
+        """MXNet's seed for the batch, applied only if something draws from MXNet (a reseed
+        costs about a millisecond of engine work: seeding.defer_mxnet_seed)."""
+        if not self._mxnet_per_sample:
+            seed = self.seed ^ MXNET_SEED_DOMAIN  # type: ignore[operator]
+            defer_mxnet_seed(lambda: derive_seed(seed, epoch, _fold(indices)))
+
+    def _seeded(self, indices: Sequence, epoch: int, out: List[Any]) -> List[Any]:
+        """The samples, ``random`` and ``numpy.random`` seeded before each one. The first
+        batch also finds out whether the dataset draws from them at all."""
+        dataset, per_sample, learn = self.dataset, self._mxnet_per_sample, self._learning
+        drew = False
+        with GlobalRNGState() if self._shared else contextlib.nullcontext():
+            self._defer_mxnet(indices, epoch)
+            prefix = sample_seed_prefix(self.seed, epoch)  # type: ignore[arg-type]
+            for i in indices:
+                value = sample_seed(prefix, i)
+                seed_python_and_numpy(value)
+                if per_sample:
+                    defer_mxnet_seed(value)
+                if learn:
+                    marks = global_rng_marks()
+                    out.append(dataset[i])
+                    drew = drew or global_rng_marks() != marks
+                else:
+                    out.append(dataset[i])
+        if learn:
+            self._learning = False
+            self._rngs_unused = not drew
+        return out
+
+    def _unseeded(self, indices: Sequence, epoch: int, out: List[Any]) -> bool:
+        """For a dataset whose first batch drew nothing from ``random`` or ``numpy.random``:
+        the samples without seeding them (seeding costs a few microseconds a sample). True
+        if nothing drew from them: the batch is then the one seeding would have made. False
+        if something did: the dataset draws after all, and is seeded from now on; the
+        caller makes the batch again, seeded."""
+        dataset, watch = self.dataset, UnseededWatch()
+        try:
+            with watch:
+                self._defer_mxnet(indices, epoch)
+                if self._mxnet_per_sample:
+                    prefix = sample_seed_prefix(self.seed, epoch)  # type: ignore[arg-type]
+                    for i in indices:
+                        defer_mxnet_seed(sample_seed(prefix, i))
+                        out.append(dataset[i])
+                else:
+                    for i in indices:
+                        out.append(dataset[i])
+        except Exception:
+            if not watch.touched:
+                raise  # an error that random and numpy.random had no part in
+        if watch.touched:
+            self._rngs_unused = False
+        return not watch.touched
 
     def make(
         self, indices: Sequence, epoch: int, output: Callable[[], ContextManager] = _no_context
@@ -130,14 +187,21 @@ class BatchMaker:
         own memory and the usual types, whatever the transport does with the batch."""
         if self._numpy_flags is not None:
             _alloc.set_numpy_flags(self._numpy_flags)
-        first = self._first_batch
-        if first is not None:
-            with first:
-                if self._first_batch is not None:
-                    batch = self._make(indices, epoch, output)
-                    self._first_batch = None  # set up: from now on, in parallel
-                    return batch
-        return self._make(indices, epoch, output)
+        try:
+            first = self._first_batch
+            if first is not None:
+                with first:
+                    if self._first_batch is not None:
+                        batch = self._make(indices, epoch, output)
+                        self._first_batch = None  # set up: from now on, in parallel
+                        return batch
+            return self._make(indices, epoch, output)
+        finally:
+            if self.seed is not None:
+                # A seed MXNet did not need: batchify has drawn what it draws from the
+                # batch's seed (as if MXNet had been seeded before it), the caller's own
+                # MXNet calls come next.
+                drop_deferred_mxnet_seed()
 
     def _make(self, indices: Sequence, epoch: int, output: Callable[[], ContextManager]) -> Any:
         if is_sharded(indices):
