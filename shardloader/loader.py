@@ -120,11 +120,12 @@ class ShardedDataLoader(_GluonDataLoader):
         Makes the batch order a pure function of ``(seed, epoch)``. Before every sample is
         loaded, ``random`` and ``numpy.random`` are seeded from ``(seed, epoch, sample
         index)``, and MXNet's RNG once per batch from ``(seed, epoch, batch)`` (reseeding
-        MXNet costs about a millisecond), so random augmentation is reproducible for any
-        ``num_workers`` and pool type.
+        MXNet costs about a millisecond, paid only by a batch that draws from MXNet), so
+        random augmentation is reproducible for any ``num_workers`` and pool type.
     mxnet_seed : {'batch', 'sample'}, default 'batch'
         With ``seed``: reseed MXNet's RNG once per batch, or before every sample as well
-        (then a sample's MXNet draws do not depend on its batch, at about 1 ms per sample).
+        (then a sample's MXNet draws do not depend on its batch, at about 1 ms per sample
+        that draws from MXNet).
     num_shards : int, default 0
         Group every ``num_shards`` batches into one step (a list of batches, one per shard).
     num_parts : int, default 1
