@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_hostile3_transport import run_program
+from test_worker_failures_and_errors import run_program
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("no_leaks")]
 
