@@ -61,6 +61,7 @@ $(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
 	fi
 	rm -f $(VENV)/.demo-stamp-* && touch $@
 
+# ruff, then mypy over the whole package (pyproject.toml's [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)
