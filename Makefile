@@ -81,6 +81,7 @@ $(CORE_STAMP): $(BIN)/python pyproject.toml constraints.txt
 $(DEMO_STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(call part_of_test_extra,vision,demo,DEMO_SAYS)
 
+# ruff, then mypy over the whole package (pyproject.toml's [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check $(SRC)
 	$(BIN)/ruff format --check $(SRC)

@@ -184,7 +184,7 @@ def _check_job(job: Any, where: str) -> None:
             f"{where} must be a job state from shardloader.distributed.merge_states() "
             f"(version {JOB_VERSION}), got {job!r:.200}"
         )
-    parts = job.get("parts")
+    parts: Any = job.get("parts")
     merged = merge_states(parts)  # checks the parts as when they were merged
     for key in ("epoch", "num_parts"):
         if not same_value(job.get(key), merged[key]):

@@ -13,7 +13,7 @@ import os
 import signal
 import traceback
 import types
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Type
 
 __all__ = [
     "ShardLoaderError",
@@ -219,13 +219,14 @@ def _drop_engine_frames(summary: traceback.TracebackException) -> None:
     ``batchify_fn``'s), in ``summary`` and the exceptions chained to it: the user's own
     frames come first. An error raised in the loop itself keeps every frame."""
     seen = set()
-    while summary is not None and id(summary) not in seen:
-        seen.add(id(summary))
-        frames = list(summary.stack)
+    current: Optional[traceback.TracebackException] = summary
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        frames = list(current.stack)
         first = next((n for n, f in enumerate(frames) if not f.filename.startswith(_ENGINE_DIR)), 0)
         if first:
-            summary.stack = traceback.StackSummary.from_list(frames[first:])
-        summary = summary.__cause__ or summary.__context__
+            current.stack = traceback.StackSummary.from_list(frames[first:])
+        current = current.__cause__ or current.__context__
 
 
 def _format_traceback(exc: BaseException) -> str:
@@ -363,7 +364,7 @@ class RemoteError:
     ) -> RemoteError:
         """Record ``exc``. Never raises, whatever ``exc`` does in ``__str__`` and whatever
         the batch sampler yielded as ``indices``."""
-        exc_type = type(exc)
+        exc_type: Optional[Type[BaseException]] = type(exc)
         name = getattr(exc_type, "__name__", "exception")
         module = getattr(exc_type, "__module__", None)
         qualname = getattr(exc_type, "__qualname__", name)

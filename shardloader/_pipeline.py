@@ -57,6 +57,7 @@ def build_batch_sampler(opts: LoaderOptions, length: int, sampler: Any, batch_sa
             )
         if opts.num_parts > 1:
             sampler = PartitionSampler(sampler, *parts, even_size=opts.even_size)
+        assert opts.batch_size is not None  # options.validate: given unless batch_sampler is
         batch_sampler = BatchSampler(sampler, opts.batch_size, opts.last_batch or "keep")
     elif opts.num_parts > 1:
         batch_sampler = PartitionSampler(batch_sampler, *parts, even_size=opts.even_size)

@@ -56,9 +56,10 @@ def check_number(name: str, value: Any, minimum: float) -> float:
     accepted = f"a number >= {minimum:g}"
     if _is_bool(value) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {accepted}, got {value!r:.100} ({type(value).__name__})")
-    if not value >= minimum:
+    number = float(value)
+    if not number >= minimum:
         raise ValueError(f"{name} must be {accepted}, got {value!r:.100}")
-    return float(value)
+    return number
 
 
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from typing import Any, Dict, Iterator, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, Sequence, Tuple
 
 from . import _checkpoint
 
@@ -46,7 +46,7 @@ __all__ = ["fail_fast", "merge_states", "parts_from_kvstore"]
 _created: Dict[str, Any] = {}
 
 
-def parts_from_kvstore(kv: Union[str, Any, None]) -> Tuple[int, int]:
+def parts_from_kvstore(kv: Any) -> Tuple[int, int]:
     """Return ``(num_parts, part_index)`` for this process: ``(kv.num_workers, kv.rank)``.
 
     Parameters

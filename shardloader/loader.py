@@ -229,7 +229,7 @@ class ShardedDataLoader(_GluonDataLoader):
             fuse_transforms=fuse_transforms,
         )
         self._length = _options.check_dataset(dataset)
-        self._given = {"dataset": dataset, "batchify_fn": batchify_fn}
+        self._given: Dict[str, Any] = {"dataset": dataset, "batchify_fn": batchify_fn}
         self._cpp_args = (sampler, batch_sampler, start_method)
         self._stats = Stats()
         self._batch_sampler = build_batch_sampler(self._opts, self._length, sampler, batch_sampler)
@@ -237,7 +237,6 @@ class ShardedDataLoader(_GluonDataLoader):
             self._batch_sampler.watch_repeats(self._stats)  # repeats to fill a step: stats()
         _interrupts.install()
         self._closed = False
-        self._pipeline: Optional[Pipeline] = None
         self._build()
         self._next_epoch = 0
         self._resume: Optional[Dict[str, Any]] = None
@@ -264,8 +263,9 @@ class ShardedDataLoader(_GluonDataLoader):
         cpp = self._set_batchify(self._given["batchify_fn"], *self._cpp_args)
         if fusion is not None:
             self._batch_fn = fusion.batchify_fn
-        if self._pipeline is not None:
-            self._pipeline.close()
+        built: Optional[Pipeline] = self.__dict__.get("_pipeline")  # None the first time
+        if built is not None:
+            built.close()
         self._pipeline = Pipeline(opts, dataset, self._length, self._batch_fn, self._stats, cpp)
         check_shards_fit(self._pipeline.ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
 
@@ -307,6 +307,7 @@ class ShardedDataLoader(_GluonDataLoader):
         if isinstance(position, _SharePosition):
             # This machine's share of a job's epoch (docs/distributed.md, "Resuming on another
             # number of machines"); the epochs after it are this loader's own.
+            assert resume is not None  # a share position comes only from a resume
             share = resume["share"]
             items = itertools.islice(enumerate(share), skip, None)
             length = functools.partial(len, share)
@@ -362,8 +363,9 @@ class ShardedDataLoader(_GluonDataLoader):
         for another epoch number is dropped, and epoch ``epoch`` is started in its place.
         """
         epoch = check_int("epoch", epoch)
-        prestarted = self._prestarted is not None
-        if prestarted and self._prestarted.epoch != epoch:
+        ahead = self._prestarted
+        prestarted = ahead is not None
+        if ahead is not None and ahead.epoch != epoch:
             self.clean()
         self._next_epoch = epoch
         if prestarted and self._prestarted is None:
@@ -486,7 +488,9 @@ class ShardedDataLoader(_GluonDataLoader):
                 f"cannot assign {name} while an epoch of this loader is open or started "
                 "ahead (auto_reload/refresh); close it (or call clean()) first"
             )
-        given = {k: changes.pop(k) for k in ("dataset", "batchify_fn") if k in changes}
+        given: Dict[str, Any] = {
+            k: changes.pop(k) for k in ("dataset", "batchify_fn") if k in changes
+        }
         if given.get("batchify_fn", True) is None:
             raise TypeError("_batchify_fn must be a callable, got None")
         if "dataset" in given:
@@ -566,6 +570,7 @@ class _SharePosition(Position):
     """The position of a share of a job's epoch, with the job state (``resumed_from``)."""
 
     __slots__ = ("job",)
+    job: Dict[str, Any]
 
 
 def _position(epoch: int, consumed: int, start_state: Any, resume: Any) -> Position:

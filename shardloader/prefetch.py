@@ -241,7 +241,7 @@ class PrefetchIterator(Stage):
             try:
                 raise _raisable(exc)
             finally:
-                exc = None  # break the frame <-> traceback cycle
+                del exc  # break the frame <-> traceback cycle
         self._slots.release()
         return item
 

@@ -228,6 +228,22 @@ def test_reset_mid_epoch_with_a_gluon_dataloader():
     assert sum(1 for _ in it) == 7
 
 
+def test_accessors_without_a_batch_say_to_call_next_first():
+    # They used to fail with "'NoneType' object has no attribute 'data'".
+    X, y = separable(8, seed=9)
+    it = LoaderDataIter(DataLoader(ArrayDataset(X, y), batch_size=4), batch_size=4)
+    for accessor in (it.getdata, it.getlabel, it.getindex, it.getpad):
+        with pytest.raises(RuntimeError, match=r"LoaderDataIter\.get\w+\(\) has no batch"):
+            accessor()
+    assert it.iter_next() and it.getpad() == 0
+    it.reset()
+    with pytest.raises(RuntimeError, match="again after reset"):
+        it.getdata()
+    it.close()
+    with pytest.raises(ClosedIteratorError, match=r"getlabel\(\) on a closed LoaderDataIter"):
+        it.getlabel()
+
+
 def test_adapter_rejects_bad_input():
     with pytest.raises(TypeError, match="re-iterable"):
         LoaderDataIter(iter([[np.zeros((2, 2)), np.zeros(2)]]))

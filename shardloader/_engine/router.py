@@ -47,6 +47,7 @@ from .._errors import (
     short_indices,
 )
 from . import timing
+from .pools import Pool
 from .protocol import LocalFailure, Result, Task, WorkerLost
 from .reorder import ReorderBuffer
 from .stats import Stats, batch_nbytes
@@ -96,7 +97,7 @@ class Router:
         The loader's counters (bytes, worker time, reorder depth).
     """
 
-    def __init__(self, pool, on_worker_death: str, stats: Stats) -> None:
+    def __init__(self, pool: Pool, on_worker_death: str, stats: Stats) -> None:
         self._pool = pool
         self._on_worker_death = on_worker_death
         self._stats = stats

@@ -166,8 +166,9 @@ def _mx_handle(
     its Python pipeline (or, with ``try_nopython=True``, says the batchify function fails).
     """
     creator = None if params is None else cpp_batchify(cpp_name)
-    makers = [getattr(child, "__mx_handle__", None) for child in children]
-    if creator is None or any(maker is None for maker in makers):
+    found = [getattr(child, "__mx_handle__", None) for child in children]
+    makers = [maker for maker in found if maker is not None]
+    if creator is None or params is None or len(makers) < len(found):
         raise AttributeError(
             f"{type(owner).__name__!r} object has no attribute '__mx_handle__': MXNet's C++ "
             f"data pipeline has no batchify function that gives the batches of {owner!r}"

@@ -229,8 +229,9 @@ class Dict:
         return f"Dict({self._fn_dict!r})"
 
 
-def _field_functions(container: type, fn_info) -> tuple:
-    """``NamedTuple``'s ``fn_info`` as one function per field of ``container``, in order."""
+def _field_functions(container: typing.Any, fn_info) -> tuple:
+    """``NamedTuple``'s ``fn_info`` as one function per field of ``container`` (a namedtuple
+    class, which no type names), in order."""
     fields = tuple(container._fields)
     if isinstance(fn_info, typing.Mapping):
         missing = [name for name in fields if name not in fn_info]

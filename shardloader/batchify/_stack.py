@@ -191,12 +191,11 @@ def _stack_values(data, dtype: typing.Optional[np.dtype]) -> typing.Optional[np.
         if not _is_numeric_leaf(_first_leaf(data)):
             return None
         _check_same_shapes(data)
+    refused: typing.Optional[ValueError] = None
     try:
         values = np.asarray(data)
     except ValueError as exc:
         refused = exc
-    else:
-        refused = None
     if refused is not None:
         # numpy refuses some ragged inputs outright; say which sample it was.
         _check_same_shapes(data)

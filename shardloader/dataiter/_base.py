@@ -46,16 +46,26 @@ class _CurrentBatch(DataIter):
         return True
 
     def getdata(self) -> List[NDArray]:
-        return self._current.data
+        return self._last("getdata").data
 
     def getlabel(self) -> List[NDArray]:
-        return self._current.label
+        return self._last("getlabel").label
 
     def getindex(self) -> Any:
-        return self._current.index
+        return self._last("getindex").index
 
     def getpad(self) -> int:
-        return self._current.pad
+        return self._last("getpad").pad
+
+    def _last(self, accessor: str) -> DataBatch:
+        """The batch the last ``next()`` returned, for ``accessor``."""
+        self._check_open(f"{accessor}() on")
+        if self._current is None:
+            raise RuntimeError(
+                f"{self._kind}.{accessor}() has no batch to answer from: call next() or "
+                "iter_next() first, and again after reset()"
+            )
+        return self._current
 
     def _check_open(self, action: str) -> None:
         """Raise ``ClosedIteratorError`` ("``action`` a closed <class>") once closed."""

@@ -184,7 +184,8 @@ class LoaderDataIter(_CurrentBatch):
         inferred: Dict[str, DataDesc] = {}
         if provide_data is None or (provide_label is None and self._label_names):
             inferred, batch_size = self._infer(batch_size)
-        self.batch_size = batch_size
+        assert batch_size is not None  # given_data is not empty when provide_data is given
+        self.batch_size: int = batch_size
         if provide_data is None:
             given_data = [inferred[name] for name in self._data_names]
         if provide_label is None:
@@ -207,7 +208,7 @@ class LoaderDataIter(_CurrentBatch):
         # attribute for it.
         dataset = getattr(self._loader, "_dataset", None)
         readable = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
-        if readable and batch_size is not None and len(dataset) > 0:
+        if readable and dataset is not None and batch_size is not None and len(dataset) > 0:
             sample = dataset[0]
             fields = sample if isinstance(sample, (tuple, dict)) else [sample]
             values = self._split(fields, "sample 0 of loader._dataset")

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import IO, BinaryIO, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ._cluster import _KILL_WAIT_S, _POLL_INTERVAL_S, _Cluster, _die_with_parent
 from ._hosts import (
@@ -74,7 +74,7 @@ class _Pump(threading.Thread):
 
     def __init__(
         self,
-        source: BinaryIO,
+        source: IO[bytes],
         target: BinaryIO,
         proc: Optional[NodeProcess] = None,
         on_line=None,
@@ -136,8 +136,10 @@ class _RemoteCluster(_Cluster):
         self._popens[popen.pid] = popen
         self.processes.append(proc)
         stdout = sys.stdout.buffer
+        assert popen.stdout is not None  # stdout=PIPE above
         self._pumps.append(_Pump(popen.stdout, stdout, proc))
         if scheduler:
+            assert popen.stderr is not None  # stderr=PIPE for the scheduler
             self._pumps.append(_Pump(popen.stderr, sys.stderr.buffer, on_line=self._scheduler_line))
         for pump in self._pumps[-1 - scheduler :]:
             pump.start()
@@ -192,8 +194,9 @@ class _RemoteCluster(_Cluster):
         period, ``SIGKILL``), wait for the remote commands to exit, and kill, naming them, the
         ones that do not."""
         for popen in self._popens.values():
-            with contextlib.suppress(OSError):
-                popen.stdin.close()
+            if popen.stdin is not None:
+                with contextlib.suppress(OSError):
+                    popen.stdin.close()
         wait_s = self.grace_period + _KILL_WAIT_S + _REMOTE_MARGIN_S
         self._wait_all(wait_s)
         for proc in self.processes:
@@ -298,10 +301,11 @@ def launch_hosts(
 
     cluster = _RemoteCluster(remote, host_list, python, grace_period, connect_timeout, verbose)
     problems, free_port = check_hosts(remote, host_list, python, workdir, connect_timeout)
-    if problems or (port is None and free_port is None):
+    chosen = free_port if port is None else port
+    if problems or chosen is None:
         failure = "; ".join(problems) or f"no free port on {host_list[0].name}"
         return LaunchResult(1, [], port or 0, "hosts not ready: " + failure, False, 0.0)
-    port = free_port if port is None else port
+    port = chosen
     cluster.scheduler_at = (host_list[0].address, port)
     _log.info("scheduler at %s:%d on %s", host_list[0].address, port, host_list[0].name)
 

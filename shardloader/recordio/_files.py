@@ -7,7 +7,7 @@ import errno
 import os
 import stat
 import threading
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -63,7 +63,9 @@ def _index_error(
 def _parse_index(idx_path: str, rec_path: str) -> Tuple[np.ndarray, np.ndarray]:
     """Keys and byte offsets from an ``.idx`` file, in file order, rejecting what MXNet's
     reader would misread."""
-    keys, offsets, first_line = [], [], {}
+    keys: List[int] = []
+    offsets: List[int] = []
+    first_line: Dict[int, int] = {}
     with os.fdopen(_open_file(idx_path, "RecordIO index file"), "rb") as lines:
         for number, line in enumerate(lines, 1):
             fields = line.strip().split(b"\t")
@@ -137,7 +139,9 @@ class _Reader:
             os.close(fd)
 
     def pread(self, size: int, offset: int) -> bytes:
-        return os.pread(self.fd, size, offset)
+        fd = self.fd
+        assert fd is not None, "pread between acquire() and done() only"
+        return os.pread(fd, size, offset)
 
     def release(self) -> None:
         """Close the descriptor once no read uses it; in a forked child, close the inherited
@@ -146,9 +150,10 @@ class _Reader:
             fd, self.fd = self.fd, None
             try:
                 # Unless something in this process closed it and reused its number.
-                info = os.fstat(fd) if fd is not None else None
-                if info is not None and (info.st_dev, info.st_ino) == self._identity:
-                    os.close(fd)
+                if fd is not None:
+                    info = os.fstat(fd)
+                    if (info.st_dev, info.st_ino) == self._identity:
+                        os.close(fd)
             except OSError:
                 pass
             return

@@ -217,7 +217,7 @@ class RecordDataset(Dataset):
                 "the .idx offset is not a multiple of 4, so no record can start there; the .idx "
                 "is corrupt or belongs to another .rec",
             )
-        header = reader.pread(_HEADER_BYTES, offset)
+        header: Union[bytes, memoryview] = reader.pread(_HEADER_BYTES, offset)
         if not header:
             raise self._error(position, "the file ends before this record; it was truncated")
         chunks = []

@@ -26,9 +26,10 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
+import numpy as np
 from mxnet.gluon.data.sampler import Sampler as _GluonSampler
 
-from .._engine.seeding import fresh_seed
+from .._engine.seeding import epoch_rng, fresh_seed
 from .._validate import check_int
 from ._state import StateTypeError, same_value, state_int, state_value
 
@@ -304,7 +305,12 @@ class Sampler(_GluonSampler):
             if key != "_sampler" and (key not in base or base[key] is not value):
                 setattr(self, key, value)
         inner, tried = self.__dict__.get("_sampler"), probe.__dict__.get("_sampler")
-        if isinstance(tried, Sampler) and tried is not inner and "_probe_base" in tried.__dict__:
+        if (
+            isinstance(tried, Sampler)
+            and isinstance(inner, Sampler)  # the probe's is a copy of it
+            and tried is not inner
+            and "_probe_base" in tried.__dict__
+        ):
             inner._adopt(tried)
 
     def _load_state(self, state: Dict[str, Any]) -> None:
@@ -355,6 +361,17 @@ class _SeededMixin:
     def seed(self) -> Optional[int]:
         """The base seed: the order of a pass is a function of ``(seed, epoch)``."""
         return self._seed
+
+    def _epoch_rng(self, epoch: int) -> np.random.Generator:
+        """The generator of ``epoch``'s order; only a sampler that shuffles asks, and
+        ``check_seed`` gives every one a seed."""
+        seed = self._seed
+        if seed is None:  # only a subclass that turns shuffling on after check_seed
+            raise RuntimeError(
+                f"{type(self).__name__} shuffles but has no seed: check_seed(seed, random=True) "
+                "gives one"
+            )
+        return epoch_rng(seed, epoch)
 
     def _replay_state(self) -> Dict[str, Any]:
         return {"seed": self._seed}

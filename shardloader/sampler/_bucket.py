@@ -14,7 +14,6 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._engine.seeding import epoch_rng
 from .._validate import check_bool, check_choice, check_int, check_number
 from ._base import FilledStep, Sampler, _SeededMixin, check_seed
 from ._batch import GROUP_POLICIES as _GROUPER_POLICIES
@@ -284,7 +283,7 @@ class FixedBucketSampler(_SeededMixin, Sampler):
     def _batches(self, epoch: int) -> List[List[int]]:
         infos, members = self._batch_infos, self._members
         if self._shuffle:
-            rng = epoch_rng(self._seed, epoch)
+            rng = self._epoch_rng(epoch)
             infos = [infos[i] for i in rng.permutation(len(infos))]
             members = [m[rng.permutation(len(m))] for m in members]
         sizes = self._batch_sizes

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
-from .._engine.seeding import epoch_rng
 from .._validate import check_bool, check_int
 from ._base import Sampler, _SeededMixin, check_seed
 
@@ -81,7 +80,7 @@ class RandomSampler(_SeededMixin, Sampler):
         return self._length
 
     def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
-        order = epoch_rng(self._seed, epoch).permutation(self._length)
+        order = self._epoch_rng(epoch).permutation(self._length)
         return iter(order[start:].tolist())
 
     def _config(self) -> Dict[str, Any]:

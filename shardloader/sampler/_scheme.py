@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import math
 import numbers
-from typing import Any, List, Sequence, Tuple, Union
+from typing import Any, List, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -56,16 +56,16 @@ class BucketScheme(abc.ABC):
             How many keys to make.
         """
         num_buckets = check_int("num_buckets", num_buckets, minimum=1)
-        if _is_scalar(max_lengths):
-            return self.keys_1d(int(max_lengths), int(min_lengths), num_buckets)
-        if len(max_lengths) != len(min_lengths):
+        if _is_scalar(max_lengths):  # an int, or a numpy one
+            highest, lowest = cast(int, max_lengths), cast(int, min_lengths)
+            return list(self.keys_1d(int(highest), int(lowest), num_buckets))
+        highs, lows = cast(Sequence[int], max_lengths), cast(Sequence[int], min_lengths)
+        if len(highs) != len(lows):
             raise ValueError(
-                f"max_lengths and min_lengths must have the same size, got {len(max_lengths)} "
-                f"and {len(min_lengths)}"
+                f"max_lengths and min_lengths must have the same size, got {len(highs)} "
+                f"and {len(lows)}"
             )
-        columns = [
-            self.keys_1d(int(hi), int(lo), num_buckets) for hi, lo in zip(max_lengths, min_lengths)
-        ]
+        columns = [self.keys_1d(int(hi), int(lo), num_buckets) for hi, lo in zip(highs, lows)]
         return [tuple(key) for key in zip(*columns)]
 
     @abc.abstractmethod
@@ -138,7 +138,7 @@ class ExpWidthBucket(BucketScheme):
             raise ValueError(
                 f"bucket_len_step must be a number greater than 1, got {bucket_len_step!r}"
             )
-        self.bucket_len_step = float(bucket_len_step)
+        self.bucket_len_step: float = float(bucket_len_step)
 
     def keys_1d(self, max_length: int, min_length: int, num_buckets: int) -> List[int]:
         step = self.bucket_len_step

@@ -12,7 +12,6 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from .._engine.seeding import epoch_rng
 from .._validate import check_bool, check_int, check_number
 from ._base import Sampler, _SeededMixin, check_seed
 
@@ -86,7 +85,7 @@ class SortedBucketSampler(_SeededMixin, Sampler):
 
     def _iter_epoch(self, epoch: int, start: int) -> Iterator[List[int]]:
         total, size = len(self._sort_keys), self._batch_size
-        rng = epoch_rng(self._seed, epoch) if self._shuffle else None
+        rng = self._epoch_rng(epoch) if self._shuffle else None
         ids = rng.permutation(total).tolist() if rng is not None else list(range(total))
         chunk = int(self._mult * size)
         keys = self._sort_keys

@@ -17,7 +17,6 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .._engine.seeding import epoch_rng
 from .._validate import check_bool, check_int
 from ._base import Sampler, _SeededMixin, check_seed
 from ._wrap import _WrapperMixin, check_sampler, initial_epoch
@@ -235,7 +234,7 @@ class SplitSampler(_SeededMixin, Sampler):
     def _iter_epoch(self, epoch: int, start: int) -> Iterator[int]:
         own = np.arange(self._start, self._stop)
         pad = self._part_len - len(own)
-        rng = epoch_rng(self._seed, epoch) if self._shuffle else None
+        rng = self._epoch_rng(epoch) if self._shuffle else None
         rounds: List[np.ndarray] = []
         for _ in range(self._repeat):
             if rng is None:

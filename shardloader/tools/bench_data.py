@@ -12,7 +12,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 __all__ = [
     "BenchError",
@@ -130,7 +130,7 @@ _DEFAULT_CROP = 224
 # Gluon's RandomResizedCrop defaults (area 8-100% of the image, aspect ratio 3/4 to 4/3) and
 # ImageNet's statistics in pixel units, as ImageRecordIter and ImageRecordLoader spell them:
 # the same augmentation as the Gluon pipeline, so the loaders do the same work.
-_RECORD_ITER_ARGS = dict(
+_RECORD_ITER_ARGS: Dict[str, Any] = dict(
     random_resized_crop=True,
     min_random_area=0.08,
     max_random_area=1.0,

@@ -163,6 +163,7 @@ def _read(loader, batches, epochs, step_s, start, warmup, progress=None) -> Dict
             f"nothing left to time after the {warmup} warm-up batches: ask for more batches "
             f"or epochs, or use a larger dataset"
         )
+    assert timed_from is not None  # set with the first timed batch
     steady = end - timed_from
     return {
         "samples_per_s": samples / steady,

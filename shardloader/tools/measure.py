@@ -130,11 +130,13 @@ class PeakMemory:
         if self._refreshed is not None and now - self._refreshed < self._refresh_s:
             return
         self._refreshed = now
+        me = self._me
+        assert me is not None, "sampled only with psutil"
         try:
-            kids = self._me.children(recursive=True)
+            kids = me.children(recursive=True)
         except self._psutil.Error:
             kids = []
-        alive = {self._me.pid: self._me}
+        alive = {me.pid: me}
         for kid in kids:  # keep the Process objects: they cache their /proc handles
             alive[kid.pid] = self._procs.get(kid.pid, kid)
         self._procs = alive
