@@ -23,10 +23,10 @@ from shardloader.recordio import (  # noqa: E402
     ImageRecordDataset,
     RecordDataset,
     RecordIOError,
+    _source,  # noqa: E402
     pack_images,
     pack_records,
 )
-from shardloader.recordio import _source  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -295,7 +295,9 @@ def test_a_truncated_object_is_an_error_never_wrong_bytes(raw, s3env, tmp_path):
         data = f.read()
     client = s3env.client()
     client.put_object(Bucket="data", Key="cut.rec", Body=data[: len(data) - 1001])
-    client.copy_object(Bucket="data", Key="cut.idx", CopySource={"Bucket": "data", "Key": "raw.idx"})
+    client.copy_object(
+        Bucket="data", Key="cut.idx", CopySource={"Bucket": "data", "Key": "raw.idx"}
+    )
     with pytest.raises(RecordIOError, match=r"point past the end of s3://data/cut\.rec"):
         RecordDataset("s3://data/cut.rec", cache_dir=tmp_path)
     # Cut inside the last record: that record is an error, the others are exact.
@@ -319,3 +321,16 @@ def test_without_boto3_an_s3_path_says_how_to_install():
     ).stdout
     assert "pip install -e '/path/to/your/shardloader/clone[s3]'" in out
     assert "boto3==1.35.99" in out
+
+
+@pytest.mark.timeout(150)
+def test_shardloader_bench_reads_s3(images, s3env, tmp_path):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path), PYTHONPATH=os.getcwd())
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardloader", "bench", "--recordio", images.url,
+         "--workers", "0", "--batches", "2", "--batch-size", "8", "--crop-size", "32",
+         "--rounds", "1"],
+        capture_output=True, text=True, timeout=140, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{images.url} through shardloader's ImageRecordDataset" in proc.stdout

@@ -38,6 +38,7 @@ _SETTINGS = (
 def _attempts() -> int:
     return int(os.environ.get("SHARDLOADER_S3_ATTEMPTS", "4"))
 
+
 _INSTALL = (
     "reading s3:// paths needs boto3, in shardloader's optional 's3' extra: install it with "
     "`pip install -e '/path/to/your/shardloader/clone[s3]'`, or `pip install boto3==1.35.99`"
