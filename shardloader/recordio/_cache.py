@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import mmap
 import os
 import tempfile
 import threading
@@ -72,9 +73,10 @@ class RangeCache:
 
     def get(
         self, info: ObjectInfo, start: int, stop: int, fetch: Callable[[int, int], bytes]
-    ) -> bytes:
-        """Bytes ``[start, stop)`` of ``info``: from the cache, or from ``fetch(start, stop)``
-        once per machine, then cached."""
+    ) -> mmap.mmap:
+        """Bytes ``[start, stop)`` of ``info``, mapped from the cache (checked once, here), or
+        first fetched by ``fetch(start, stop)``, once per machine, and cached. The map stays
+        valid when the entry is evicted; it closes when no one holds it."""
         folder = self.folder(info)
         path = os.path.join(folder, f"{start}-{stop}")
         data = self._load(path, stop - start)
@@ -90,31 +92,38 @@ class RangeCache:
                 self.hits += 1
                 return data
             self.misses += 1
-            data = fetch(start, stop)
-            self._store(folder, path, data)
+            self._store(folder, path, fetch(start, stop))
+            data = self._load(path, stop - start)
         finally:
             os.close(lock_fd)  # releases the lock
-        self._evict_if_full(len(data) + _DIGEST)
+        if data is None:  # pragma: no cover - removed between our write and our read
+            raise OSError(f"{path}: a cache entry vanished as it was written")
+        self._evict_if_full(len(data))
         return data
 
-    def _load(self, path: str, size: int) -> Optional[bytes]:
+    def _load(self, path: str, size: int) -> Optional[mmap.mmap]:
         try:
             with open(path, "rb") as f:
-                blob = f.read()
+                length = os.fstat(f.fileno()).st_size
+                blob = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) if length else None
         except FileNotFoundError:
             return None
-        data, digest = blob[:-_DIGEST], blob[-_DIGEST:]
-        if len(data) != size or _digest(data) != digest:
-            try:  # damaged: fetch it again
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            return None
-        try:
-            os.utime(path)  # recently used
-        except OSError:
+        if blob is not None and length == size + _DIGEST:
+            with memoryview(blob) as view:
+                good = _digest(view[:size]) == view[size:]
+            if good:
+                try:
+                    os.utime(path)  # recently used
+                except OSError:
+                    pass
+                return blob
+        if blob is not None:
+            blob.close()
+        try:  # damaged: fetch it again
+            os.unlink(path)
+        except FileNotFoundError:
             pass
-        return data
+        return None
 
     def _store(self, folder: str, path: str, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")

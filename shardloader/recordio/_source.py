@@ -22,7 +22,9 @@ from . import _s3
 from ._files import _open_file, _Reader
 
 _CHUNK_BYTES = 1 << 20
-_MEMORY_CHUNKS = 4  # chunks a process keeps in memory: a record's header and body reads
+# Chunks a process keeps mapped from the cache, each checked once when mapped. The maps share
+# the page cache with every other process of the machine.
+_MEMORY_CHUNKS = 64
 
 
 class _LocalSource:
@@ -53,7 +55,7 @@ class _S3Reader:
         self.pid = os.getpid()
         self._source = source
         self._starts = np.append(source.chunk_starts(offsets), source.size)
-        self._memory: OrderedDict[int, bytes] = OrderedDict()
+        self._memory: OrderedDict[int, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def acquire(self) -> bool:

