@@ -334,3 +334,40 @@ def test_shardloader_bench_reads_s3(images, s3env, tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{images.url} through shardloader's ImageRecordDataset" in proc.stdout
+
+
+def _read_all_and_report(url, cache, chunk_bytes, conn):
+    _source._CHUNK_BYTES = chunk_bytes
+    dataset = RecordDataset(url, cache_dir=cache)
+    records = [dataset[i] for i in range(len(dataset))]
+    conn.send((records, dataset._source.requests))
+    conn.close()
+
+
+def test_processes_of_a_machine_fetch_each_chunk_once(raw, s3env, tmp_path, no_leaks):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    pipes, processes = [], []
+    for _ in range(3):
+        ours, theirs = context.Pipe(duplex=False)
+        process = context.Process(
+            target=_read_all_and_report, args=(raw.url, str(tmp_path), 32 * 1024, theirs)
+        )
+        process.start()
+        theirs.close()
+        pipes.append(ours)
+        processes.append(process)
+    try:
+        results = [pipe.recv() for pipe in pipes]
+    finally:
+        for pipe, process in zip(pipes, processes):
+            process.join(30)
+            pipe.close()
+    assert [process.exitcode for process in processes] == [0, 0, 0]
+    fetched = sorted(request for _, requests in results for request in requests)
+    assert all(records == raw.records for records, _ in results)
+    # Three processes read every record at once; each chunk came from the server once.
+    assert len(fetched) == len(set(fetched)) > 10
+    assert fetched[0][0] == 0 and fetched[-1][1] == os.path.getsize(raw.rec)
+    assert all(a[1] == b[0] for a, b in zip(fetched, fetched[1:]))
