@@ -97,6 +97,9 @@ class Weed:
             "-debug=false",
             "-admin.ui=false",
             "-master.telemetry=false",
+            # Its sockets in its folder, not /tmp, so that nothing outlives the folder.
+            f"-s3.localSocket={os.path.join(self.folder, 's3.sock')}",
+            f"-filer.localSocket={os.path.join(self.folder, 'filer.sock')}",
         ] + [f"-{name}={port}" for name, port in self.ports.items()]
         with open(os.path.join(self.folder, "weed.log"), "ab") as log:
             self.process = subprocess.Popen(
