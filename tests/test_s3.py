@@ -371,3 +371,24 @@ def test_processes_of_a_machine_fetch_each_chunk_once(raw, s3env, tmp_path, no_l
     assert len(fetched) == len(set(fetched)) > 10
     assert fetched[0][0] == 0 and fetched[-1][1] == os.path.getsize(raw.rec)
     assert all(a[1] == b[0] for a, b in zip(fetched, fetched[1:]))
+
+
+def test_the_cache_stays_within_its_bound(raw, s3env, tmp_path, monkeypatch):
+    monkeypatch.setattr(_source, "_CHUNK_BYTES", 32 * 1024)
+    monkeypatch.setattr(_source, "_MEMORY_CHUNKS", 2)
+    bound = 200 * 1024
+    dataset = RecordDataset(raw.url, cache_dir=tmp_path, cache_bytes=bound)
+    for _ in range(2):  # the second pass refetches what was evicted
+        assert [dataset[i] for i in range(len(dataset))] == raw.records
+
+    def held():
+        return sum(
+            os.path.getsize(os.path.join(d, n))
+            for d, _, names in os.walk(tmp_path / "objects")
+            for n in names
+            if not n.endswith(".lock")
+        )
+
+    # Checked every bound/8 bytes written: at most that, and a chunk, over the bound.
+    assert held() <= bound + bound // 8 + 40 * 1024
+    assert len(dataset._source.requests) > 2 * (os.path.getsize(raw.rec) // (40 * 1024))
