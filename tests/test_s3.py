@@ -22,7 +22,8 @@ from shardloader.recordio import (  # noqa: E402
     ImageRecordDataset,
     RecordDataset,
     RecordIOError,
-    _source,  # noqa: E402
+    _s3,
+    _source,
     pack_images,
     pack_records,
 )
@@ -392,3 +393,34 @@ def test_the_cache_stays_within_its_bound(raw, s3env, tmp_path, monkeypatch):
     # Checked every bound/8 bytes written: at most that, and a chunk, over the bound.
     assert held() <= bound + bound // 8 + 40 * 1024
     assert len(dataset._source.requests) > 2 * (os.path.getsize(raw.rec) // (40 * 1024))
+
+
+def test_a_server_gone_mid_epoch_fails_the_workers_epoch_clearly(
+    raw, tmp_path, monkeypatch, no_leaks
+):
+    weed = Weed(str(tmp_path / "weed"))
+    weed.start()
+    try:
+        weed.client().create_bucket(Bucket="mid")
+        url = upload(weed, raw.rec, raw.idx, "raw", bucket="mid")
+        for name, value in weed.env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("SHARDLOADER_S3_ATTEMPTS", "2")
+        monkeypatch.setenv("SHARDLOADER_S3_CONNECT_TIMEOUT", "1")
+        monkeypatch.setattr(_source, "_CHUNK_BYTES", 8 * 1024)
+        dataset = RecordDataset(url, cache_dir=tmp_path / "cache")
+        started = time.monotonic()
+        loader = ShardedDataLoader(
+            dataset, batch_size=10, num_workers=2, batchify_fn=list, timeout=60
+        )
+        gone = r"s3://mid/raw\.rec: record \d+ .*cannot reach"
+        with pytest.raises(RecordIOError, match=gone), loader:
+            for number, batch in enumerate(loader):
+                assert batch == raw.records[number * 10 : number * 10 + 10]
+                if number == 0:
+                    weed.stop()
+        assert time.monotonic() - started < 45
+    finally:
+        weed.stop()
+        # This process's client keeps its connection pooled for the next dataset, by design.
+        _s3.close_clients()

@@ -94,10 +94,24 @@ def _client() -> Any:
                 max_pool_connections=16,
             )
             client = boto3.session.Session().client("s3", config=config)
-            if any(key[0] != pid[0] for key in _CLIENTS):
-                _CLIENTS.clear()  # a forked child's copies of the parent's clients
+            # A forked child's copies of the parent's clients are dropped (closing them would
+            # close the parent's connections); a client for settings that changed is closed.
+            for key in list(_CLIENTS):
+                stale = _CLIENTS.pop(key)
+                if key[0] == pid[0]:
+                    stale.close()
             _CLIENTS[pid] = client
     return client
+
+
+def close_clients() -> None:
+    """Close this process's clients and their pooled connections; the next read opens a new
+    one."""
+    with _CLIENT_LOCK:
+        for key in list(_CLIENTS):
+            client = _CLIENTS.pop(key)
+            if key[0] == os.getpid():
+                client.close()
 
 
 def _endpoint() -> str:
