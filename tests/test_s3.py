@@ -172,17 +172,23 @@ def test_the_fused_image_loader_reads_s3(images, s3env, tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "shardloader" / "objects")  # the default cache folder
 
 
-def test_the_second_epoch_comes_from_the_cache_with_the_server_gone(raw, tmp_path, monkeypatch):
+def own_server(tmp_path, monkeypatch, raw, bucket):
+    """A server of the test's own, which it may stop, holding ``raw`` in ``bucket``; the
+    environment points at it, with short retries."""
     weed = Weed(str(tmp_path / "weed"))
     weed.start()
+    weed.client().create_bucket(Bucket=bucket)
+    url = upload(weed, raw.rec, raw.idx, "raw", bucket=bucket)
+    for name, value in weed.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SHARDLOADER_S3_ATTEMPTS", "2")
+    monkeypatch.setenv("SHARDLOADER_S3_CONNECT_TIMEOUT", "1")
+    return weed, url
+
+
+def test_the_second_epoch_comes_from_the_cache_with_the_server_gone(raw, tmp_path, monkeypatch):
+    weed, url = own_server(tmp_path, monkeypatch, raw, "gone")
     try:
-        client = weed.client()
-        client.create_bucket(Bucket="gone")
-        url = upload(weed, raw.rec, raw.idx, "raw", bucket="gone")
-        for name, value in weed.env().items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("SHARDLOADER_S3_ATTEMPTS", "2")
-        monkeypatch.setenv("SHARDLOADER_S3_CONNECT_TIMEOUT", "1")
         monkeypatch.setattr(_source, "_CHUNK_BYTES", 16 * 1024)
         dataset = RecordDataset(url, cache_dir=tmp_path / "cache")
         loader = ShardedDataLoader(dataset, batch_size=100, num_parts=2, batchify_fn=list)
@@ -398,15 +404,8 @@ def test_the_cache_stays_within_its_bound(raw, s3env, tmp_path, monkeypatch):
 def test_a_server_gone_mid_epoch_fails_the_workers_epoch_clearly(
     raw, tmp_path, monkeypatch, no_leaks
 ):
-    weed = Weed(str(tmp_path / "weed"))
-    weed.start()
+    weed, url = own_server(tmp_path, monkeypatch, raw, "mid")
     try:
-        weed.client().create_bucket(Bucket="mid")
-        url = upload(weed, raw.rec, raw.idx, "raw", bucket="mid")
-        for name, value in weed.env().items():
-            monkeypatch.setenv(name, value)
-        monkeypatch.setenv("SHARDLOADER_S3_ATTEMPTS", "2")
-        monkeypatch.setenv("SHARDLOADER_S3_CONNECT_TIMEOUT", "1")
         monkeypatch.setattr(_source, "_CHUNK_BYTES", 8 * 1024)
         dataset = RecordDataset(url, cache_dir=tmp_path / "cache")
         started = time.monotonic()
