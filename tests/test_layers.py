@@ -18,8 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "shardloader"
 
 # Lowest first. A group is a module or a package (all its modules); the longest match wins.
 LAYERS: Tuple[Tuple[str, ...], ...] = (
-    # imports nothing of ours (_compat: only MXNet)
-    ("_errors", "_validate", "_compat", "_extras"),
+    # imports nothing of ours (_compat: only MXNet; _folders: the folder-safety rules)
+    ("_errors", "_validate", "_compat", "_extras", "_folders"),
     # the engine's leaves
     (
         "_engine",  # the package itself imports nothing

@@ -7,7 +7,7 @@ import errno
 import os
 import stat
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -60,50 +60,49 @@ def _index_error(
     return RecordIOError(f"{idx_path}, line {number}: {problem}", path=idx_path, key=key)
 
 
-def _parse_index(idx_path: str, rec_path: str) -> Tuple[np.ndarray, np.ndarray]:
-    """Keys and byte offsets from an ``.idx`` file, in file order, rejecting what MXNet's
-    reader would misread."""
+def _parse_index(
+    idx_path: str, rec_path: str, lines: Iterable[bytes]
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Keys and byte offsets from the ``lines`` of an ``.idx`` file, in file order, rejecting
+    what MXNet's reader would misread."""
     keys: List[int] = []
     offsets: List[int] = []
     first_line: Dict[int, int] = {}
-    with os.fdopen(_open_file(idx_path, "RecordIO index file"), "rb") as lines:
-        for number, line in enumerate(lines, 1):
-            fields = line.strip().split(b"\t")
+    for number, line in enumerate(lines, 1):
+        fields = line.strip().split(b"\t")
+        try:
+            key, offset = int(fields[0]), int(fields[1])
+        except (IndexError, ValueError):
+            text = line.rstrip(b"\r\n").decode("utf-8", "backslashreplace")
             try:
-                key, offset = int(fields[0]), int(fields[1])
-            except (IndexError, ValueError):
-                text = line.rstrip(b"\r\n").decode("utf-8", "backslashreplace")
-                try:
-                    line.decode("utf-8")
-                    hint = ""
-                except UnicodeDecodeError:
-                    hint = "; the line is not UTF-8 text, so this is not an .idx file"
-                raise _index_error(
-                    idx_path,
-                    number,
-                    f"expected '<integer key>\\t<byte offset>', got {text!r}{hint}",
-                ) from None
-            if not -_INT64_MAX - 1 <= key <= _INT64_MAX:
-                raise _index_error(idx_path, number, f"key {key} is out of the 64-bit range")
-            if offset < 0:
-                raise _index_error(
-                    idx_path, number, f"negative byte offset {offset} for key {key}", key
-                )
-            if offset > _INT64_MAX:
-                raise _index_error(
-                    idx_path,
-                    number,
-                    f"byte offset {offset} for key {key} is past the end of any file, "
-                    f"{rec_path} included",
-                    key,
-                )
-            if key in first_line:
-                raise _index_error(
-                    idx_path, number, f"key {key} repeats line {first_line[key]}", key
-                )
-            first_line[key] = number
-            keys.append(key)
-            offsets.append(offset)
+                line.decode("utf-8")
+                hint = ""
+            except UnicodeDecodeError:
+                hint = "; the line is not UTF-8 text, so this is not an .idx file"
+            raise _index_error(
+                idx_path,
+                number,
+                f"expected '<integer key>\\t<byte offset>', got {text!r}{hint}",
+            ) from None
+        if not -_INT64_MAX - 1 <= key <= _INT64_MAX:
+            raise _index_error(idx_path, number, f"key {key} is out of the 64-bit range")
+        if offset < 0:
+            raise _index_error(
+                idx_path, number, f"negative byte offset {offset} for key {key}", key
+            )
+        if offset > _INT64_MAX:
+            raise _index_error(
+                idx_path,
+                number,
+                f"byte offset {offset} for key {key} is past the end of any file, "
+                f"{rec_path} included",
+                key,
+            )
+        if key in first_line:
+            raise _index_error(idx_path, number, f"key {key} repeats line {first_line[key]}", key)
+        first_line[key] = number
+        keys.append(key)
+        offsets.append(offset)
     return np.array(keys, dtype=np.int64), np.array(offsets, dtype=np.int64)
 
 

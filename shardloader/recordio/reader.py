@@ -16,7 +16,7 @@ from mxnet.gluon.data import Dataset
 
 from .._errors import RecordIOError
 from . import _imagesize
-from ._files import _open_file, _parse_index, _Reader
+from ._files import _parse_index, _Reader
 from ._format import (
     _FIRST_FLAGS,
     _HEADER,
@@ -32,6 +32,7 @@ from ._format import (
     _last_line,
     _starts_record,
 )
+from ._source import open_source
 
 # One lock for creating readers, so that two threads opening a dataset's first reader at
 # once do not both open the file. A forked child gets a fresh one: a thread of the parent may
@@ -59,9 +60,19 @@ class RecordDataset(Dataset):
     Parameters
     ----------
     rec_path : str or os.PathLike
-        The ``.rec`` file.
+        The ``.rec`` file, or an object in S3-compatible storage, ``s3://bucket/key.rec``
+        (needs the optional ``s3`` extra; see "Data in object storage" in
+        docs/distributed.md).
     idx_path : str or os.PathLike, optional
-        The ``.idx`` file; by default ``rec_path`` with its extension replaced by ``.idx``.
+        The ``.idx`` file; by default ``rec_path`` with its extension replaced by ``.idx``
+        (for an ``s3://`` path, the same key with ``.idx``).
+    cache_dir : str or os.PathLike, optional
+        For ``s3://`` paths: the per-machine cache of fetched records, by default
+        ``$XDG_CACHE_HOME/shardloader`` (``~/.cache/shardloader``). Refused if others can
+        write to it.
+    cache_bytes : int, optional
+        For ``s3://`` paths: the cache's bound (default 20 GiB); the least recently used
+        entries go first.
 
     Raises
     ------
@@ -83,17 +94,22 @@ class RecordDataset(Dataset):
     (2, b'beta')
     """
 
-    def __init__(self, rec_path: PathLike, idx_path: Optional[PathLike] = None) -> None:
+    def __init__(
+        self,
+        rec_path: PathLike,
+        idx_path: Optional[PathLike] = None,
+        *,
+        cache_dir: Optional[PathLike] = None,
+        cache_bytes: Optional[int] = None,
+    ) -> None:
         rec_path = os.fspath(rec_path)
         idx_path = _default_idx_path(rec_path) if idx_path is None else os.fspath(idx_path)
         self._rec_path = rec_path
         self._idx_path = idx_path
-        fd = _open_file(rec_path, "RecordIO file")  # readable, and a regular file
-        try:
-            self._rec_size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        self._keys, self._offsets = _parse_index(idx_path, rec_path)
+        cache = None if cache_dir is None else os.fspath(cache_dir)
+        self._source = open_source(rec_path, idx_path, cache, cache_bytes)
+        self._rec_size = self._source.size
+        self._keys, self._offsets = _parse_index(idx_path, rec_path, self._source.index_lines())
         self._limits = self._check_offsets(self._rec_size)
         self._reader: Optional[_Reader] = None
 
@@ -175,7 +191,7 @@ class RecordDataset(Dataset):
                     if reader is None or reader.pid != os.getpid():
                         if reader is not None:
                             reader.release()  # inherited through fork: close our copy
-                        reader = self._reader = _Reader(self._rec_path)
+                        reader = self._reader = self._source.reader(self._offsets)
             if reader.acquire():
                 return reader
             # Another thread released it between our look and our acquire; open a new one.
@@ -338,13 +354,15 @@ class ImageRecordDataset(RecordDataset):
     Parameters
     ----------
     rec_path : str or os.PathLike
-        The ``.rec`` file.
+        The ``.rec`` file, or ``s3://bucket/key.rec`` (see ``RecordDataset``).
     idx_path : str or os.PathLike, optional
         The ``.idx`` file; by default next to ``rec_path``.
     flag : int, default 1
         1 decodes to 3 colour channels, 0 to 1 grey channel.
     transform : callable, optional
         ``transform(image, label)`` applied after decoding; its result is the sample.
+    cache_dir, cache_bytes : optional
+        For ``s3://`` paths, as in ``RecordDataset``.
 
     Raises
     ------
@@ -371,12 +389,15 @@ class ImageRecordDataset(RecordDataset):
         idx_path: Optional[PathLike] = None,
         flag: int = 1,
         transform: Optional[Callable[[Any, Any], Any]] = None,
+        *,
+        cache_dir: Optional[PathLike] = None,
+        cache_bytes: Optional[int] = None,
     ) -> None:
         if flag not in (0, 1):
             raise ValueError(f"flag must be 1 (colour) or 0 (grey), got {flag!r}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None, got {type(transform).__name__}")
-        super().__init__(rec_path, idx_path)
+        super().__init__(rec_path, idx_path, cache_dir=cache_dir, cache_bytes=cache_bytes)
         self._flag = flag
         self._transform = transform
 

@@ -202,9 +202,14 @@ def image_pipeline(rec_path: str, crop: int = _DEFAULT_CROP) -> Any:
     """Gluon's ``ImageRecordDataset`` over ``rec_path`` with the training augmentation most
     Gluon image models use: ``RandomResizedCrop(crop)``, ``RandomFlipLeftRight()``,
     ``ToTensor()``, ``Normalize(mean, std)`` (ImageNet's), applied with ``transform_first``.
-    Samples are ``(float32 3 x crop x crop NDArray, label)``."""
+    Samples are ``(float32 3 x crop x crop NDArray, label)``. MXNet's pip wheels cannot read
+    ``s3://`` paths, so those are read through shardloader's ``ImageRecordDataset``, which
+    samples alike."""
     from mxnet.gluon.data.vision import ImageRecordDataset
     from mxnet.gluon.data.vision import transforms as T
+
+    if rec_path.startswith("s3://"):
+        from ..recordio import ImageRecordDataset
 
     augment = T.Compose(
         [
@@ -224,7 +229,10 @@ def index_path(rec_path: str) -> str:
 
 
 def _check_record_files(rec_path: str) -> str:
-    """The index path of ``rec_path``, or a BenchError saying what is missing."""
+    """The index path of ``rec_path``, or a BenchError saying what is missing. An
+    ``s3://`` object is checked by the dataset that opens it, whose errors name its URL."""
+    if rec_path.startswith("s3://"):
+        return os.path.splitext(rec_path)[0] + ".idx"
     if os.path.isdir(rec_path):
         raise BenchError(f"--recordio: {rec_path!r} is a directory, not a .rec file")
     if not os.path.isfile(rec_path):
@@ -273,8 +281,9 @@ def load_dataset(args: argparse.Namespace) -> Tuple[Any, str, Optional[Callable]
         crop = crop_size(args)
         dataset = image_pipeline(args.recordio, crop)
         _first_sample(dataset, args.recordio, "an image")
+        reader = "shardloader's" if args.recordio.startswith("s3://") else "Gluon's"
         described = (
-            f"{args.recordio} through Gluon's ImageRecordDataset + RandomResizedCrop({crop}), "
+            f"{args.recordio} through {reader} ImageRecordDataset + RandomResizedCrop({crop}), "
             f"RandomFlipLeftRight, ToTensor, Normalize"
         )
         return dataset, described, None

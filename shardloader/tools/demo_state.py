@@ -22,11 +22,11 @@ import hashlib
 import json
 import os
 import re
-import stat
 import tempfile
 from typing import Any, Callable, Dict, List, Optional
 
 from .._compat import DeviceType
+from .._folders import UnsafeFolder, check_own_folder, make_own_folder
 
 __all__ = [
     "Checkpoint",
@@ -55,70 +55,6 @@ class CheckpointMismatch(ValueError):
 class CheckpointCorrupt(CheckpointMismatch):
     """``state.json`` is not a checkpoint this module wrote: unreadable, or naming files that
     are not checkpoint files in the checkpoint folder."""
-
-
-class UnsafeFolder(ValueError):
-    """A folder the demo reads or writes is not the user's own, or others can write to it."""
-
-
-def _owner(uid: int) -> str:
-    try:
-        import pwd
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
-def check_own_folder(path: str, role: str) -> None:
-    """Refuse ``path`` unless it is a directory of the current user that only the user can
-    write to, in a parent that others cannot rename it out of.
-
-    Parameters
-    ----------
-    path : str
-        The folder.
-    role : str
-        What it is for, for the message (``"cache folder"``, ``"checkpoint folder"``).
-
-    Raises
-    ------
-    UnsafeFolder
-        Naming the folder, what is wrong with it and what to do.
-    """
-    st = os.stat(path)
-    me = os.geteuid()
-    why = (
-        "another user could plant files in it, and the demo loads trainer states from it, "
-        "which are pickles: loading a planted one would run its code as you"
-    )
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeFolder(f"the {role} {path} is not a directory; pass another --cache-dir")
-    if st.st_uid != me:
-        raise UnsafeFolder(
-            f"the {role} {path} belongs to {_owner(st.st_uid)}, not to you ({_owner(me)}): "
-            f"{why}. Pass a --cache-dir of your own"
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeFolder(
-            f"the {role} {path} can be written by others (mode {stat.filemode(st.st_mode)}): "
-            f"{why}. Run `chmod go-w {path}`, or pass a --cache-dir of your own"
-        )
-    parent = os.path.dirname(os.path.abspath(path))
-    pst = os.stat(parent)
-    if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
-        raise UnsafeFolder(
-            f"the {role} {path} is in {parent}, which anyone can write to without the sticky "
-            f"bit (mode {stat.filemode(pst.st_mode)}), so another user could replace it: "
-            f"{why}. Pass a --cache-dir elsewhere"
-        )
-
-
-def make_own_folder(path: str, role: str) -> None:
-    """Create ``path`` (only its owner may enter it) if it is missing, then
-    ``check_own_folder``."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    check_own_folder(path, role)
 
 
 def _sha256(path: str) -> str:
