@@ -23,6 +23,7 @@ __all__ = ["EXTRAS", "clone_root", "install_hint", "missing_extra"]
 # extra -> its packages, pinned as in constraints.txt.
 EXTRAS: Dict[str, Tuple[str, ...]] = {
     "vision": ("simplejpeg==1.9.0", "opencv-python-headless==4.11.0.86"),
+    "s3": ("boto3==1.35.99",),
     "bench": (
         "simplejpeg==1.9.0",
         "opencv-python-headless==4.11.0.86",

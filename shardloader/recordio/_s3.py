@@ -15,6 +15,7 @@ import threading
 from typing import Any, Dict, NamedTuple, Tuple
 
 from .._errors import RecordIOError
+from .._extras import missing_extra
 
 _PREFIX = "s3://"
 # What picks the client: boto3's own variables, and shardloader's three for botocore's
@@ -37,12 +38,6 @@ _SETTINGS = (
 
 def _attempts() -> int:
     return int(os.environ.get("SHARDLOADER_S3_ATTEMPTS", "4"))
-
-
-_INSTALL = (
-    "reading s3:// paths needs boto3, in shardloader's optional 's3' extra: install it with "
-    "`pip install -e '/path/to/your/shardloader/clone[s3]'`, or `pip install boto3==1.35.99`"
-)
 
 
 def is_s3(path: str) -> bool:
@@ -83,7 +78,7 @@ def _client() -> Any:
         import boto3
         from botocore.config import Config
     except ImportError:
-        raise ImportError(_INSTALL) from None
+        raise missing_extra("s3", "reading s3:// paths (boto3)") from None
     with _CLIENT_LOCK:
         client = _CLIENTS.get(pid)
         if client is None:
