@@ -14,16 +14,16 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import batchify as _batchify
-from .._engine.stage import Stage
-from .._validate import check_bool, check_int
-from ..dataiter import LoaderDataIter
-from ..loader import ShardedDataLoader
-from ..recordio import ImageRecordDataset
-from . import _codecs, _sources
-from ._fused import FusedBatchify, FusedDataset
-from .device import normalize
-from .pipeline import ImagePipeline
+from . import batchify as _batchify
+from ._engine.stage import Stage
+from ._validate import check_bool, check_int
+from .dataiter import LoaderDataIter
+from .loader import ShardedDataLoader
+from .recordio import ImageRecordDataset
+from .vision import _codecs, _sources
+from .vision._fused import FusedBatchify, FusedDataset
+from .vision.device import normalize
+from .vision.pipeline import ImagePipeline
 
 __all__ = ["ImageRecordLoader", "image_record_iter"]
 
