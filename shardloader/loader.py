@@ -249,7 +249,10 @@ class ShardedDataLoader(_GluonDataLoader):
             self._batch_fn = fusion.batchify_fn
         if self._pipeline is not None:
             self._pipeline.close()
-        self._pipeline = Pipeline(opts, dataset, self._length, self._batch_fn, self._stats, cpp)
+        on_device = fusion.on_device if fusion is not None else None
+        self._pipeline = Pipeline(
+            opts, dataset, self._length, self._batch_fn, self._stats, cpp, on_device
+        )
         check_shards_fit(self._pipeline.ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
 
     def _set_batchify(self, batchify_fn, sampler, batch_sampler, start_method):

@@ -10,7 +10,7 @@ normalising on the device, or uint8 NHWC as decoded.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -166,6 +166,10 @@ class ImagePipeline:
         if flip_top_bottom:
             steps.append(_ops.Flip(0))
         self._setup(steps, output, mean, std, flag, scaled_decode, pixel_units, dtype)
+
+    #: What the loader runs on each placed batch (``Fusion.on_device``): ``None``, or
+    #: ``device.PlacedNormalize`` for ``ImageRecordLoader(output='device')``.
+    on_device: Optional[Callable[[Any], Any]] = None
 
     @classmethod
     def from_steps(

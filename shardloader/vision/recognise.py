@@ -37,11 +37,15 @@ class Fusion:
         For the exact path, the sentence naming the transform or source that caused it.
     pipeline : ImagePipeline or None
         The recognised pipeline, on the fused path.
+    on_device : callable or None
+        What the loader runs on each placed batch (the pipeline's ``on_device``: the
+        normalise-on-device stage of ``output='device'``), or ``None``.
     """
 
     def __init__(self, dataset, batchify_fn, path, reason=None, pipeline=None) -> None:
         self.dataset, self.batchify_fn = dataset, batchify_fn
         self.path, self.reason, self.pipeline = path, reason, pipeline
+        self.on_device = getattr(pipeline, "on_device", None)
 
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
