@@ -21,12 +21,15 @@ loaders, so they live above it, in ``shardloader.image_record``; this package na
 lazily (docs/design.md).
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._codecs import available
 from .device import normalize
 from .pipeline import ImagePipeline
 from .recognise import Fusion, fuse, fuse_for_loader
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time, __getattr__
+    from ..image_record import ImageRecordLoader, image_record_iter
 
 _ABOVE = ("ImageRecordLoader", "image_record_iter")
 
