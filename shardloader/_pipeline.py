@@ -32,6 +32,7 @@ from ._engine.ipc.alloc import numpy_flags
 from ._engine.options import LoaderOptions
 from ._engine.pools import ProcessPool, ThreadPool
 from ._engine.router import Router
+from ._engine.stage import Stage
 from ._engine.stats import Stats
 from .prefetch import DevicePrefetcher
 from .sampler import (
@@ -86,6 +87,10 @@ class Pipeline:
         The loader's counters.
     cpp : optional
         MXNet 2.x's C++ pipeline (``_engine.gluon_cpp``), which then loads every epoch.
+    on_device : callable, optional
+        Run on every placed batch (each shard of a step), on the consumer's thread: the
+        fused image path's normalise-on-device stage (``Fusion.on_device``,
+        ``ImageRecordLoader(output='device')``).
     """
 
     def __init__(
@@ -96,8 +101,10 @@ class Pipeline:
         batch_fn: Callable,
         stats: Stats,
         cpp: Any = None,
+        on_device: Optional[Callable[[Any], Any]] = None,
     ) -> None:
         self._opts = opts
+        self._on_device = on_device
         self._dataset = dataset
         self._length = length
         self._batch_fn = batch_fn
@@ -123,6 +130,8 @@ class Pipeline:
         items: the first ``position.consumed`` batches (a resumed epoch's) were consumed
         before and are not in ``items``. See ``ConsumerStage`` for the other arguments."""
         source = self._place(self._source(items, position.epoch, position.consumed))
+        if self._on_device is not None:
+            source = _OnDevice(source, self._on_device)
         return ConsumerStage(source, position, self._stats, end_state, length, then)
 
     def _source(self, items: Iterator[Tuple[int, Sequence]], epoch: int, skip: int) -> Any:
@@ -207,3 +216,17 @@ class Pipeline:
         if self._router is not None:
             self._router.shutdown()
             self._router = None
+
+
+class _OnDevice(Stage):
+    """Each placed batch, or each shard of a placed step, through ``fn`` (``on_device``)."""
+
+    def __init__(self, source: Any, fn: Callable[[Any], Any]) -> None:
+        self._source = source
+        self._fn = fn
+
+    def _next(self) -> Any:
+        batch = next(self._source)
+        if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (list, tuple)):
+            return [self._fn(shard) for shard in batch]  # a step of shards
+        return self._fn(batch)

@@ -37,27 +37,6 @@ from .sampler import Sampler
 __all__ = ["ShardedDataLoader", "DataLoader"]
 
 
-def _fuse_images(dataset: Any, batchify_fn: Optional[Callable], opts: Any):
-    """``(fusion, image_path)``: the fused image path for a Gluon image chain
-    (``shardloader.vision.fuse``, docs/vision.md), or ``None`` and why not. ``vision`` is
-    imported only for a ``transform_first`` chain or a fused dataset, so other datasets
-    cost nothing."""
-    kind = type(dataset)
-    fused = kind.__module__.startswith("shardloader.vision")
-    if kind.__name__ != "_LazyTransformDataset" and not fused:
-        return None, "exact"
-    if opts.try_nopython:
-        return None, "exact: try_nopython=True runs Gluon's C++ pipeline"
-    if not (opts.fuse_transforms or fused):
-        return None, "exact: fuse_transforms=False"
-    from .vision.recognise import fuse  # below the loader (tests/test_layers.py)
-
-    fusion = fuse(dataset, batchify_fn)
-    if fusion.path == "fused":
-        return fusion, "fused"
-    return None, f"exact: {fusion.reason}"
-
-
 class ShardedDataLoader(_GluonDataLoader):
     """Loads mini-batches from a dataset, with Gluon's ``DataLoader`` signature.
 
@@ -251,7 +230,14 @@ class ShardedDataLoader(_GluonDataLoader):
         """Put the data path together from the options, the dataset and the batchify
         function (again when a subclass assigns one of Gluon's attributes)."""
         opts, dataset = self._opts, self._given["dataset"]
-        fusion, self._stats.image_path = _fuse_images(dataset, self._given["batchify_fn"], opts)
+        from .vision.recognise import fuse_for_loader  # below the loader, imported when used
+
+        fusion, self._stats.image_path = fuse_for_loader(
+            dataset,
+            self._given["batchify_fn"],
+            fuse_transforms=opts.fuse_transforms,
+            try_nopython=opts.try_nopython,
+        )
         if fusion is not None:
             dataset = fusion.dataset
         # Gluon's record datasets share one file handle: one per thread instead, for thread
@@ -266,7 +252,10 @@ class ShardedDataLoader(_GluonDataLoader):
         built: Optional[Pipeline] = self.__dict__.get("_pipeline")  # None the first time
         if built is not None:
             built.close()
-        self._pipeline = Pipeline(opts, dataset, self._length, self._batch_fn, self._stats, cpp)
+        on_device = fusion.on_device if fusion is not None else None
+        self._pipeline = Pipeline(
+            opts, dataset, self._length, self._batch_fn, self._stats, cpp, on_device
+        )
         check_shards_fit(self._pipeline.ctx, opts.num_shards, self._batch_sampler, opts.ctx_name)
 
     def _set_batchify(self, batchify_fn, sampler, batch_sampler, start_method):

@@ -41,7 +41,8 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("_engine.pools", "_engine.options"),
     ("_engine.router",),
     ("_engine.epoch", "_engine.consumer", "prefetch", "_checkpoint", "launch"),
-    # the fused image path (below the loader, which uses it) and the DataIter adapters
+    # the fused image path, wholly below the loader (which calls vision.recognise's
+    # fuse_for_loader), and the DataIter adapters
     (
         "_pipeline",
         "dataiter",
@@ -50,14 +51,17 @@ LAYERS: Tuple[Tuple[str, ...], ...] = (
         "vision._fused",
         "vision._ops",
         "vision._sources",
+        "vision._step",
         "vision.device",
         "vision.pipeline",
         "vision.recognise",
     ),
     ("loader",),
-    # the applications: the fused image path's front and distributed training, then the
+    # the applications: ImageRecordIter's doors (loaders over the fused path) and distributed
+    # training; then vision's front, which names image_record's doors lazily; then the
     # command line (whose demo trains through the fused path)
-    ("vision", "vision.record_loader", "distributed"),
+    ("image_record", "distributed"),
+    ("vision",),
     ("tools",),
     # the package's front: what ``import shardloader`` and ``python -m shardloader`` run
     ("__init__", "__main__"),

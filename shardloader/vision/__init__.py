@@ -5,8 +5,8 @@ resizes and flips it with OpenCV and numpy indexing, writes uint8 pixels into on
 buffer, and applies ToTensor and Normalize once per batch into the batch's shared-memory
 slot: the float32 NCHW batch Gluon's transforms would have produced (docs/vision.md).
 
-- ``fuse(dataset, batchify_fn)``: what ``ShardedDataLoader`` calls to recognise
-  ``dataset.transform_first(Compose([...]))`` chains of Gluon's transforms;
+- ``fuse(dataset, batchify_fn)``: recognise ``dataset.transform_first(Compose([...]))``
+  chains of Gluon's transforms; ``fuse_for_loader``, what ``ShardedDataLoader`` calls;
 - ``ImagePipeline``: a pipeline described by its parameters, for new code;
 - ``ImageRecordLoader`` and ``image_record_iter``: ``mx.io.ImageRecordIter``'s arguments;
 - ``normalize``: ToTensor and Normalize for a uint8 batch on its device;
@@ -15,18 +15,38 @@ slot: the float32 NCHW batch Gluon's transforms would have produced (docs/vision
 Modules: ``_codecs`` (the only one importing simplejpeg and cv2), ``_ops`` (the geometric
 steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each
 image dataset), ``_fused`` (the dataset and batchify function), ``recognise`` (``fuse``),
-``record_loader``, ``device``.
+``device``; ``_step`` (the contract each step keeps). Every one sits below the loader, which
+calls ``recognise.fuse_for_loader``. ``ImageRecordLoader`` and ``image_record_iter`` are
+loaders, so they live above it, in ``shardloader.image_record``; this package names them
+lazily (docs/design.md).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._codecs import available
 from .device import normalize
 from .pipeline import ImagePipeline
-from .recognise import Fusion, fuse
-from .record_loader import ImageRecordLoader, image_record_iter
+from .recognise import Fusion, fuse, fuse_for_loader
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time, __getattr__
+    from ..image_record import ImageRecordLoader, image_record_iter
+
+_ABOVE = ("ImageRecordLoader", "image_record_iter")
+
+
+def __getattr__(name: str) -> Any:
+    """``ImageRecordLoader`` and ``image_record_iter``, from the module above the loader."""
+    if name in _ABOVE:
+        from .. import image_record
+
+        return getattr(image_record, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "available",
     "fuse",
+    "fuse_for_loader",
     "Fusion",
     "ImagePipeline",
     "ImageRecordLoader",

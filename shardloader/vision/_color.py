@@ -14,9 +14,11 @@ and 2.0.0b1 alike. ``Saturation`` reproduces that, since the fused path gives Gl
 from __future__ import annotations
 
 import random
-from typing import Any, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
+
+from ._step import StepBase
 
 _GREY = np.array([0.299, 0.587, 0.114], np.float32)
 
@@ -45,7 +47,7 @@ def saturation(pixels: np.ndarray, alpha: float) -> np.ndarray:
 _ADJUST = {"brightness": brightness, "contrast": contrast, "saturation": saturation}
 
 
-class Jitter:
+class Jitter(StepBase):
     """One of Gluon's ``RandomBrightness``/``RandomContrast``/``RandomSaturation``: a factor
     uniform in ``(low, high)``, Gluon's ``(max(0, 1 - x), 1 + x)``."""
 
@@ -57,14 +59,11 @@ class Jitter:
     def draw(self, height: int, width: int) -> float:
         return random.uniform(self.low, self.high)
 
-    def size(self, height: int, width: int, params: Any) -> Tuple[int, int]:
-        return height, width
-
     def apply(self, pixels: np.ndarray, alpha: float) -> np.ndarray:
         return _ADJUST[self.kind](pixels, alpha)
 
 
-class ColorJitter:
+class ColorJitter(StepBase):
     """Gluon's ``RandomColorJitter(brightness, contrast, saturation)`` with ``hue=0``: the
     adjustments asked for, in a random order, each with a factor ``1 + uniform(-x, x)``."""
 
@@ -86,9 +85,6 @@ class ColorJitter:
         random.shuffle(order)
         return [(kind, 1.0 + random.uniform(-x, x)) for kind, x in order]
 
-    def size(self, height: int, width: int, params: Any) -> Tuple[int, int]:
-        return height, width
-
     def apply(self, pixels: np.ndarray, params: List[Tuple[str, float]]) -> np.ndarray:
         for kind, alpha in params:
             pixels = _ADJUST[kind](pixels, alpha)
@@ -109,7 +105,7 @@ def lighting(pixels: np.ndarray, alpha: Tuple[float, float, float]) -> np.ndarra
     return _to_uint8(pixels.astype(np.float32) + shift)
 
 
-class Lighting:
+class Lighting(StepBase):
     """Gluon's ``RandomLighting(alpha)``: AlexNet-style PCA noise, each of the three
     components' weight normal with standard deviation ``alpha``."""
 
@@ -120,9 +116,6 @@ class Lighting:
 
     def draw(self, height: int, width: int) -> Tuple[float, float, float]:
         return tuple(random.gauss(0.0, self.alpha) for _ in range(3))
-
-    def size(self, height: int, width: int, params: Any) -> Tuple[int, int]:
-        return height, width
 
     def apply(self, pixels: np.ndarray, alpha: Tuple[float, float, float]) -> np.ndarray:
         return lighting(pixels, alpha)

@@ -10,6 +10,9 @@ batchify, straight into the batch):
   interpolation codes ``mx.image`` passes through: 0 nearest, 1 bilinear, 2 cubic, 3 area,
   4 Lanczos; 9 picks one from the sizes as ``mx.image`` does);
 - ``size(height, width, params)``: the image size after the step.
+
+Each keeps ``_step.Step``, the contract ``ImagePipeline`` asks instead of testing classes:
+``Flip`` folds into the final write, and the random crops can start from a reduced decode.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 
 from . import _codecs
+from ._step import StepBase
 
 Box = Tuple[int, int, int, int]  # x0, y0, width, height
 _INTERPOLATIONS = (0, 1, 2, 3, 4)
@@ -121,12 +125,24 @@ def _scale_down(src_size: Tuple[int, int], size: Tuple[int, int]) -> Tuple[int, 
     return int(w), int(h)
 
 
+def _crop_floor(step: Any, box: Box) -> Optional[Tuple[float, float]]:
+    """A random crop's reduced decode: the fractions of the full size the decode may shrink
+    to and keep the output's resolution, or ``None`` when there is nothing to gain."""
+    if step.interpolation != 1:
+        return None  # the scaled crop samples bilinearly (``crop_scaled``)
+    x0, y0, w, h = box
+    out_w, out_h = step.target
+    if w < 2 * out_w or h < 2 * out_h:
+        return None  # libjpeg-turbo's smallest step is 1/2: nothing to gain
+    return out_h / h, out_w / w
+
+
 def _center_box(height: int, width: int, size: Tuple[int, int]) -> Box:
     new_w, new_h = _scale_down((width, height), size)
     return int((width - new_w) / 2), int((height - new_h) / 2), new_w, new_h
 
 
-class Resize:
+class Resize(StepBase):
     """Gluon's ``transforms.Resize``: to ``size`` (width, height), or with ``keep_ratio`` and
     an int size, the shorter edge to ``size``."""
 
@@ -158,7 +174,7 @@ class Resize:
         return resize(pixels, width, height, method)
 
 
-class CenterCrop:
+class CenterCrop(StepBase):
     """Gluon's ``transforms.CenterCrop`` (``mx.image.center_crop``): the centre ``size``
     crop, upsampled if the image is smaller."""
 
@@ -180,7 +196,7 @@ class CenterCrop:
         return _crop_resize(pixels, params, self.target, self.interpolation)
 
 
-class FixedCrop:
+class FixedCrop(StepBase):
     """Gluon's ``transforms.CropResize``: the box ``(x, y, width, height)``, then optionally
     resized to ``size``."""
 
@@ -213,7 +229,7 @@ class FixedCrop:
         return out
 
 
-class RandomCrop:
+class RandomCrop(StepBase):
     """``mx.image.random_crop`` (ImageRecordIter's ``rand_crop``): a ``size`` crop at a
     uniformly drawn position, shrunk to fit a smaller image and resized back."""
 
@@ -234,8 +250,14 @@ class RandomCrop:
     size = CenterCrop.size
     apply = CenterCrop.apply
 
+    def decode_floor(self, params: Box) -> Optional[Tuple[float, float]]:
+        return _crop_floor(self, params)
 
-class RandomResizedCrop:
+    def apply_reduced(self, pixels: np.ndarray, params: Box, full: Tuple[int, int]) -> np.ndarray:
+        return crop_scaled(pixels, params, self.target, full)
+
+
+class RandomResizedCrop(StepBase):
     """Gluon's ``transforms.RandomResizedCrop`` (``mx.image.random_size_crop``): an area
     uniform in ``scale`` of the image's, an aspect ratio log-uniform in ``ratio``, up to 10
     tries for a box that fits, else the centre crop; then resized to ``size``."""
@@ -276,6 +298,8 @@ class RandomResizedCrop:
 
     size = CenterCrop.size
     apply = CenterCrop.apply
+    decode_floor = RandomCrop.decode_floor
+    apply_reduced = RandomCrop.apply_reduced
 
 
 class RecordIterResizedCrop(RandomResizedCrop):
@@ -302,11 +326,12 @@ class RecordIterResizedCrop(RandomResizedCrop):
         return _center_box(height, width, self.target)
 
 
-class Flip:
+class Flip(StepBase):
     """Gluon's ``RandomFlipLeftRight`` (``axis=1``) and ``RandomFlipTopBottom``
     (``axis=0``): a flip with probability ``p``, by indexing."""
 
     random = True
+    folds_into_write = True
 
     def __init__(self, axis: int, p: float = 0.5) -> None:
         self.axis = axis
@@ -315,8 +340,8 @@ class Flip:
     def draw(self, height: int, width: int) -> bool:
         return random.random() < self.p
 
-    def size(self, height: int, width: int, params: Any) -> Tuple[int, int]:
-        return height, width
+    def write_flip(self, params: bool) -> Tuple[bool, bool]:
+        return bool(params) and self.axis == 1, bool(params) and not self.axis
 
     def apply(self, pixels: np.ndarray, params: bool) -> np.ndarray:
         return self.flipped(pixels, bool(params) and self.axis == 1, bool(params) and not self.axis)

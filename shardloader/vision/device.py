@@ -54,6 +54,18 @@ def normalize(batch: Any, mean: Any = 0.0, std: Any = 1.0, *, pixel_units: bool 
     return _affine(batch, mul, add)
 
 
+class PlacedNormalize:
+    """``output='device'``: a placed batch's images (its first field) normalised where they
+    are, with ``normalize``; the loader's pipeline runs it after placement (``_pipeline``)."""
+
+    def __init__(self, mean: Any, std: Any, pixel_units: bool) -> None:
+        self.mean, self.std, self.pixel_units = mean, std, pixel_units
+
+    def __call__(self, batch: Any) -> Any:
+        data, *rest = batch
+        return [normalize(data, self.mean, self.std, pixel_units=self.pixel_units), *rest]
+
+
 def _affine(batch: Any, mul: np.ndarray, add: np.ndarray) -> Any:
     """``batch * mul + add`` per channel, as float32 on the batch's device."""
     import mxnet as mx

@@ -1,18 +1,21 @@
 """``ImagePipeline``: an image pipeline described by its parameters.
 
-A pipeline is a list of geometric steps (``_ops``) on uint8 HWC pixels, then an output
-stage applied once per batch: ToTensor and Normalize (float32 NCHW, through one lookup
-table per channel), or uint8 NCHW for normalising on the device, or uint8 NHWC as decoded.
+A pipeline is a list of steps on uint8 HWC pixels (``_ops``' geometric ones, ``_color``'s
+jitters; each keeps the ``_step.Step`` contract, which ``render`` and the decode floor ask
+instead of testing classes), then an output stage applied once per batch: ToTensor and
+Normalize (float32 NCHW, through one lookup table per channel), or uint8 NCHW for
+normalising on the device, or uint8 NHWC as decoded.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import _codecs, _color, _ops
+from ._step import Step
 
 OUTPUTS = ("float32", "uint8", "hwc")
 
@@ -127,7 +130,7 @@ class ImagePipeline:
             raise ValueError(
                 f"crop_draws must be 'gluon' or 'image_record_iter', got {crop_draws!r}"
             )
-        steps: List[Any] = []
+        steps: List[Step] = []
         if resize is not None:
             keep = isinstance(resize, (int, np.integer)) and not isinstance(resize, bool)
             steps.append(_ops.Resize(resize, keep, interpolation, auto=True))
@@ -164,10 +167,14 @@ class ImagePipeline:
             steps.append(_ops.Flip(0))
         self._setup(steps, output, mean, std, flag, scaled_decode, pixel_units, dtype)
 
+    #: What the loader runs on each placed batch (``Fusion.on_device``): ``None``, or
+    #: ``device.PlacedNormalize`` for ``ImageRecordLoader(output='device')``.
+    on_device: Optional[Callable[[Any], Any]] = None
+
     @classmethod
     def from_steps(
         cls,
-        steps: Sequence[Any],
+        steps: Sequence[Step],
         *,
         output: str = "float32",
         mean: Any = 0.0,
@@ -228,21 +235,12 @@ class ImagePipeline:
             height, width = step.size(height, width, params[-1])
         return params, self._decode_floor(params)
 
-    def _decode_floor(self, params: list) -> Optional[Tuple[int, int]]:
-        """Where the first step is a random crop that shrinks, how small the decoded image may
-        be for the crop to keep at least the output's resolution."""
+    def _decode_floor(self, params: list) -> Optional[Tuple[float, float]]:
+        """How small the decoded image may be (fractions of the full size), where the first
+        step can start from a reduced decode (``Step.decode_floor``)."""
         if not self.scaled_decode or not self.steps:
             return None
-        first = self.steps[0]
-        if not isinstance(first, (_ops.RandomResizedCrop, _ops.RandomCrop)):
-            return None
-        if first.interpolation != 1:
-            return None  # the scaled crop samples bilinearly (``_ops.crop_scaled``)
-        x0, y0, w, h = params[0]
-        out_w, out_h = first.target
-        if w < 2 * out_w or h < 2 * out_h:
-            return None  # libjpeg-turbo's smallest step is 1/2: nothing to gain
-        return out_h / h, out_w / w  # fractions of the full size, scaled in render()
+        return self.steps[0].decode_floor(params[0])
 
     def render(
         self, pixels: np.ndarray, params: list, full: Tuple[int, int], out: np.ndarray
@@ -253,17 +251,16 @@ class ImagePipeline:
         scaled to it."""
         steps = self.steps
         if pixels.shape[0] != full[0] or pixels.shape[1] != full[1]:
-            pixels = _ops.crop_scaled(pixels, params[0], steps[0].target, full)
+            pixels = steps[0].apply_reduced(pixels, params[0], full)
             steps, params = steps[1:], params[1:]
-        # Trailing flips are done by OpenCV while writing into ``out``: numpy copies a
-        # reversed view several times slower.
+        # Steps that fold into the write (flips) are left to it: OpenCV flips while writing
+        # into ``out``, where numpy copies a reversed view several times slower.
         flip_x = flip_y = False
         for step, value in zip(steps, params):
-            if isinstance(step, _ops.Flip):
-                if step.axis:
-                    flip_x ^= bool(value)
-                else:
-                    flip_y ^= bool(value)
+            if step.folds_into_write:
+                left_right, top_bottom = step.write_flip(value)
+                flip_x ^= left_right
+                flip_y ^= top_bottom
                 continue
             pixels = _ops.Flip.flipped(pixels, flip_x, flip_y)
             flip_x = flip_y = False

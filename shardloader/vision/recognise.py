@@ -8,15 +8,18 @@ else keeps the exact path, unchanged, with a sentence saying why (``Fusion.reaso
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from mxnet.gluon.data.vision import transforms as T
 
 from .. import batchify as _batchify
 from .._compat import MX2
 from . import _codecs, _color, _ops, _sources
 from ._fused import FusedBatchify, FusedDataset
+from ._step import Step
 from .pipeline import ImagePipeline
 
-__all__ = ["Fusion", "fuse"]
+__all__ = ["Fusion", "fuse", "fuse_for_loader"]
 
 
 class Fusion:
@@ -34,11 +37,15 @@ class Fusion:
         For the exact path, the sentence naming the transform or source that caused it.
     pipeline : ImagePipeline or None
         The recognised pipeline, on the fused path.
+    on_device : callable or None
+        What the loader runs on each placed batch (the pipeline's ``on_device``: the
+        normalise-on-device stage of ``output='device'``), or ``None``.
     """
 
     def __init__(self, dataset, batchify_fn, path, reason=None, pipeline=None) -> None:
         self.dataset, self.batchify_fn = dataset, batchify_fn
         self.path, self.reason, self.pipeline = path, reason, pipeline
+        self.on_device = getattr(pipeline, "on_device", None)
 
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
@@ -96,54 +103,85 @@ def _flatten(transform: Any, out: List[Any]) -> None:
         out.append(transform)
 
 
-def _geometric(t: Any, T: Any) -> Optional[Any]:
-    """The step for a geometric Gluon transform, or ``None`` if ``t`` is not one."""
-    kind = type(t)
-    if kind is T.Resize:
-        if t._keep and not isinstance(t._size, int):
-            raise _Unfused("Resize with keep_ratio=True and a (width, height) size")
-        return _ops.Resize(t._size, t._keep, t._interpolation)
-    if kind is T.CenterCrop:
-        args = t._args  # 1.x: (size, interp); 2.x: (width, height, interp)
-        size = args[0] if len(args) == 2 else (args[0], args[1])
-        return _ops.CenterCrop(size, args[-1])
-    if kind is T.RandomResizedCrop:
-        if MX2:
-            kw = t._kwargs
-            return _ops.RandomResizedCrop(
-                (kw["width"], kw["height"]), kw["area"], kw["ratio"], kw["interp"]
-            )
-        size, scale, ratio, interp = t._args
-        return _ops.RandomResizedCrop(size, scale, ratio, interp)
-    if kind is getattr(T, "CropResize", None):
-        if t._size is not None and t._interpolation is None:
-            raise _Unfused("CropResize with a size and interpolation=None (Gluon refuses it)")
-        return _ops.FixedCrop((t._x, t._y, t._width, t._height), t._size, t._interpolation or 1)
-    if kind in (T.RandomFlipLeftRight, T.RandomFlipTopBottom):
-        return _ops.Flip(1 if kind is T.RandomFlipLeftRight else 0, getattr(t, "p", 0.5))
-    return None
+def _resize(t: Any, flag: int) -> _ops.Resize:
+    if t._keep and not isinstance(t._size, int):
+        raise _Unfused("Resize with keep_ratio=True and a (width, height) size")
+    return _ops.Resize(t._size, t._keep, t._interpolation)
 
 
-_JITTERS = ("RandomBrightness", "RandomContrast", "RandomSaturation", "RandomLighting")
+def _center_crop(t: Any, flag: int) -> _ops.CenterCrop:
+    args = t._args  # 1.x: (size, interp); 2.x: (width, height, interp)
+    size = args[0] if len(args) == 2 else (args[0], args[1])
+    return _ops.CenterCrop(size, args[-1])
 
 
-def _jitter(t: Any, T: Any, flag: int) -> Optional[Any]:
-    """The step for one of Gluon's colour jitters, or ``None`` if ``t`` is not one."""
-    name = type(t).__name__
-    kind = type(t)
-    if name not in _JITTERS + ("RandomColorJitter",) or kind is not getattr(T, name, None):
-        return None
-    if flag == 0:
-        raise _Unfused(f"transform {name} on grey images (flag=0) is not fused")
-    if name == "RandomColorJitter":
-        brightness, contrast, saturation, hue = t._args
-        if hue:
-            raise _Unfused("transform RandomColorJitter with hue > 0 is not fused")
-        return _color.ColorJitter(brightness, contrast, saturation)
-    if name == "RandomLighting":
-        return _color.Lighting(t._alpha)
-    low, high = t._args
-    return _color.Jitter(name[len("Random") :].lower(), low, high)
+def _random_resized_crop(t: Any, flag: int) -> _ops.RandomResizedCrop:
+    if MX2:
+        kw = t._kwargs
+        return _ops.RandomResizedCrop(
+            (kw["width"], kw["height"]), kw["area"], kw["ratio"], kw["interp"]
+        )
+    size, scale, ratio, interp = t._args
+    return _ops.RandomResizedCrop(size, scale, ratio, interp)
+
+
+def _crop_resize(t: Any, flag: int) -> _ops.FixedCrop:
+    if t._size is not None and t._interpolation is None:
+        raise _Unfused("CropResize with a size and interpolation=None (Gluon refuses it)")
+    return _ops.FixedCrop((t._x, t._y, t._width, t._height), t._size, t._interpolation or 1)
+
+
+def _flip(axis: int) -> Callable[[Any, int], _ops.Flip]:
+    return lambda t, flag: _ops.Flip(axis, getattr(t, "p", 0.5))
+
+
+def _colour(build: Callable[[Any], Step]) -> Callable[[Any, int], Step]:
+    """A colour jitter's builder: RGB images only."""
+
+    def built(t: Any, flag: int) -> Step:
+        if flag == 0:
+            raise _Unfused(f"transform {type(t).__name__} on grey images (flag=0) is not fused")
+        return build(t)
+
+    return built
+
+
+def _color_jitter(t: Any) -> _color.ColorJitter:
+    brightness, contrast, saturation, hue = t._args
+    if hue:
+        raise _Unfused("transform RandomColorJitter with hue > 0 is not fused")
+    return _color.ColorJitter(brightness, contrast, saturation)
+
+
+def _jitter(kind: str) -> Callable[[Any], _color.Jitter]:
+    def build(t: Any) -> _color.Jitter:
+        low, high = t._args
+        return _color.Jitter(kind, low, high)
+
+    return build
+
+
+# Gluon's transform class -> the function building its fused step from the transform and the
+# images' flag. Exact classes: a subclass may override forward. ToTensor, Normalize and Cast
+# are the output stage (``_pipeline``).
+_RECOGNISED: Dict[type, Callable[[Any, int], Step]] = {
+    kind: build
+    for kind, build in (
+        (T.Resize, _resize),
+        (T.CenterCrop, _center_crop),
+        (T.RandomResizedCrop, _random_resized_crop),
+        (getattr(T, "CropResize", None), _crop_resize),
+        (T.RandomFlipLeftRight, _flip(1)),
+        (T.RandomFlipTopBottom, _flip(0)),
+        (getattr(T, "RandomBrightness", None), _colour(_jitter("brightness"))),
+        (getattr(T, "RandomContrast", None), _colour(_jitter("contrast"))),
+        (getattr(T, "RandomSaturation", None), _colour(_jitter("saturation"))),
+        (getattr(T, "RandomLighting", None), _colour(lambda t: _color.Lighting(t._alpha))),
+        (getattr(T, "RandomColorJitter", None), _colour(_color_jitter)),
+    )
+    if kind is not None
+}
+_STEP_NAMES = frozenset(kind.__name__ for kind in _RECOGNISED)
 
 
 class _Unfused(Exception):
@@ -152,8 +190,6 @@ class _Unfused(Exception):
 
 def _pipeline(transforms: List[Any], flag: int, scaled_decode: bool) -> ImagePipeline:
     """The pipeline for a flattened chain, or ``_Unfused`` naming the transform."""
-    from mxnet.gluon.data.vision import transforms as T
-
     steps, output, mean, std, dtype = [], "hwc", 0.0, 1.0, "float32"
     normalized = cast = False
     for t in transforms:
@@ -161,12 +197,12 @@ def _pipeline(transforms: List[Any], flag: int, scaled_decode: bool) -> ImagePip
         if cast:
             raise _Unfused(f"transform {name} after Cast is not fused")
         if output == "hwc":
-            try:
-                step = _geometric(t, T) or _jitter(t, T, flag)
-            except ValueError as exc:
-                raise _Unfused(f"transform {name} is not fused: {exc}") from None
-            if step is not None:
-                steps.append(step)
+            build = _RECOGNISED.get(type(t))
+            if build is not None:
+                try:
+                    steps.append(build(t, flag))
+                except ValueError as exc:
+                    raise _Unfused(f"transform {name} is not fused: {exc}") from None
                 continue
             if type(t) is T.ToTensor:
                 output = "float32"
@@ -196,8 +232,7 @@ def _pipeline(transforms: List[Any], flag: int, scaled_decode: bool) -> ImagePip
 
 
 def _geometric_name(name: str) -> bool:
-    pixel_steps = ("Resize", "CenterCrop", "RandomResizedCrop", "CropResize", "RandomColorJitter")
-    return name in pixel_steps + _JITTERS or name.startswith("RandomFlip")
+    return name in _STEP_NAMES or name.startswith("RandomFlip")
 
 
 def fuse(
@@ -270,3 +305,26 @@ def fuse(
         )
     fused = FusedDataset(source, pipeline)
     return Fusion(fused, FusedBatchify(pipeline, rest), "fused", None, pipeline)
+
+
+def fuse_for_loader(
+    dataset: Any, batchify_fn: Optional[Callable], *, fuse_transforms: bool, try_nopython: Optional[bool]
+) -> Tuple[Optional[Fusion], str]:
+    """What ``ShardedDataLoader`` asks: ``(fusion, image_path)``, the fused path for a Gluon
+    image chain or a fused dataset, or ``None`` and ``stats()['image_path']``'s sentence.
+
+    Only a ``transform_first`` chain (``_LazyTransformDataset``) or a ``FusedDataset`` is
+    considered; any other dataset is ``'exact'`` at the cost of one type test."""
+    from mxnet.gluon.data import dataset as gluon_dataset
+
+    fused = isinstance(dataset, FusedDataset)
+    if type(dataset) is not getattr(gluon_dataset, "_LazyTransformDataset", None) and not fused:
+        return None, "exact"
+    if try_nopython:
+        return None, "exact: try_nopython=True runs Gluon's C++ pipeline"
+    if not (fuse_transforms or fused):
+        return None, "exact: fuse_transforms=False"
+    fusion = fuse(dataset, batchify_fn)
+    if fusion.path == "fused":
+        return fusion, "fused"
+    return None, f"exact: {fusion.reason}"

@@ -14,16 +14,15 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import batchify as _batchify
-from .._engine.stage import Stage
-from .._validate import check_bool, check_int
-from ..dataiter import LoaderDataIter
-from ..loader import ShardedDataLoader
-from ..recordio import ImageRecordDataset
-from . import _codecs, _sources
-from ._fused import FusedBatchify, FusedDataset
-from .device import normalize
-from .pipeline import ImagePipeline
+from . import batchify as _batchify
+from ._validate import check_bool, check_int
+from .dataiter import LoaderDataIter
+from .loader import ShardedDataLoader
+from .recordio import ImageRecordDataset
+from .vision import _codecs, _sources
+from .vision._fused import FusedBatchify, FusedDataset
+from .vision.device import PlacedNormalize
+from .vision.pipeline import ImagePipeline
 
 __all__ = ["ImageRecordLoader", "image_record_iter"]
 
@@ -320,10 +319,10 @@ class ImageRecordLoader(ShardedDataLoader):
             )  # fmt: skip
         label_width = check_int("label_width", label_width, 1)
         jitters = tuple(float(x) for x in (brightness, contrast, saturation))
-        for name, value in zip(("brightness", "contrast", "saturation", "pca_noise"),
-                               jitters + (float(pca_noise),)):  # fmt: skip
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        for name, amount in zip(("brightness", "contrast", "saturation", "pca_noise"),
+                                jitters + (float(pca_noise),)):  # fmt: skip
+            if amount < 0:
+                raise ValueError(f"{name} must be >= 0, got {amount!r}")
             if value and channels == 1:
                 raise ValueError(f"{name} needs colour images: data_shape has 1 channel")
         if dtype is not None:
@@ -357,6 +356,10 @@ class ImageRecordLoader(ShardedDataLoader):
             lighting=float(pca_noise),
             crop_draws="image_record_iter",
         )
+        if output == "device":  # the loader's pipeline normalises each placed batch
+            self.pipeline.on_device = PlacedNormalize(
+                self.pipeline.mean, self.pipeline.std, pixel_units=True
+            )
         records = ImageRecordDataset(path_imgrec, path_imgidx, flag=self.pipeline.flag)
         source, _ = _sources.source_of(records)
         last_batch = _last_batch(round_batch, loader_kwargs.pop("last_batch", None))
@@ -376,10 +379,6 @@ class ImageRecordLoader(ShardedDataLoader):
         self._rows = batch_size
         self._label_width = label_width
         self._names = (data_name, label_name)
-
-    def __iter__(self):
-        epoch = super().__iter__()
-        return _NormalizedOnDevice(epoch, self.pipeline) if self._on_device else epoch
 
     def __getattr__(self, name: str) -> Any:
         if name in _DATAITER:
@@ -413,32 +412,6 @@ class ImageRecordLoader(ShardedDataLoader):
             ],
             batch_size=n,
         )
-
-
-class _NormalizedOnDevice(Stage):
-    """``output='device'``: each placed batch's images normalised where they are (the
-    epoch's other attributes, ``epoch`` and ``position`` among them, are its source's)."""
-
-    def __init__(self, source: Any, pipeline: ImagePipeline) -> None:
-        self._source = source
-        self._pipeline = pipeline
-
-    def _next(self) -> Any:
-        batch = next(self._source)
-        if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (list, tuple)):
-            return [self._normalized(shard) for shard in batch]  # a step of shards
-        return self._normalized(batch)
-
-    def _normalized(self, batch: Any) -> Any:
-        data, *rest = batch
-        mean, std = self._pipeline.mean, self._pipeline.std
-        return [normalize(data, mean, std, pixel_units=True), *rest]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._source, name)
-
-    def __len__(self) -> int:
-        return len(self._source)
 
 
 def image_record_iter(*args: Any, **kwargs: Any):
