@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .._extras import install_hint
+from .._extras import install_hint, missing_extra
 from ..recordio import _imagesize
 
 INSTALL_HINT = install_hint("vision")
@@ -35,6 +35,14 @@ def modules() -> Optional[Tuple[Any, Any]]:
     return _modules
 
 
+def loaded() -> Tuple[Any, Any]:
+    """``(simplejpeg, cv2)``; an ``ImportError`` that says how to install them if missing."""
+    found = modules()
+    if found is None:
+        raise missing_extra("vision", "the fused image path (simplejpeg and OpenCV)")
+    return found
+
+
 def available() -> bool:
     """Whether the fused image path can run: ``simplejpeg`` and ``cv2`` both import.
 
@@ -51,7 +59,7 @@ def jpeg_size(data: Any) -> Optional[Tuple[int, int]]:
     """``(height, width)`` of a JPEG libjpeg-turbo can decode to RGB or grey, from its header
     alone; ``None`` for anything else (PNG, CMYK, bytes that are not a JPEG). The caller
     checks it against the size limit (``recordio._imagesize.too_large``) before decoding."""
-    simplejpeg = modules()[0]
+    simplejpeg = loaded()[0]
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
     except (ValueError, TypeError):
@@ -69,7 +77,7 @@ def decode_jpeg(data: Any, flag: int, min_size: Optional[Tuple[int, int]] = None
     at a reduced scale (1/2, 1/4, 1/8, ...) no smaller than that. Raises ``ValueError`` for
     bytes it cannot decode.
     """
-    simplejpeg = modules()[0]
+    simplejpeg = loaded()[0]
     min_height, min_width = min_size if min_size is not None else (0, 0)
     pixels = simplejpeg.decode_jpeg(
         data,

@@ -115,7 +115,8 @@ class Lighting(StepBase):
         self.alpha = float(alpha)
 
     def draw(self, height: int, width: int) -> Tuple[float, float, float]:
-        return tuple(random.gauss(0.0, self.alpha) for _ in range(3))
+        gauss = random.gauss
+        return gauss(0.0, self.alpha), gauss(0.0, self.alpha), gauss(0.0, self.alpha)
 
     def apply(self, pixels: np.ndarray, alpha: Tuple[float, float, float]) -> np.ndarray:
         return lighting(pixels, alpha)

@@ -14,7 +14,7 @@ decoder instead; one no decoder reads raises the dataset's own error, naming the
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 from mxnet.base import MXNetError
@@ -53,7 +53,7 @@ class Pending:
                 # still take them, as the exact path would.
                 pixels = _decode_or_fail(self.source, self.index, self.data, pipeline.flag)
                 if pixels.shape[:2] != size:
-                    size = pixels.shape[:2]
+                    size = (pixels.shape[0], pixels.shape[1])
                     params, _ = pipeline.draw(*size)
         pipeline.render(pixels, params, size, out)
 
@@ -94,7 +94,7 @@ class FusedDataset:
         pixels = None
         if size is None:  # not a JPEG libjpeg-turbo reads to RGB: MXNet decodes it here
             pixels = _decode_or_fail(self.source, idx, data, pipeline.flag)
-            size = pixels.shape[:2]
+            size = (pixels.shape[0], pixels.shape[1])
         params, floor = pipeline.draw(*size)
         image = Pending(self.source, idx, data, size, params, floor, pixels)
         return image if rest is None else (image,) + rest
@@ -142,7 +142,7 @@ class FusedBatchify:
         rest = self.rest_batchify([tuple(sample[1:]) for sample in samples])
         return [images, *rest]
 
-    def images(self, images: List[Pending]) -> Any:
+    def images(self, images: Sequence[Pending]) -> Any:
         pipeline = self.pipeline
         n, (height, width, channels) = len(images), images[0].shape(pipeline)
         shape = (n, height, width, channels)
@@ -171,12 +171,12 @@ def _planes(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> N
     through the table (measured fastest of numpy's take, arithmetic and per-pixel tables:
     docs/design.md, "Image decoding").
     """
-    cv2 = _codecs.modules()[1]
+    cv2 = _codecs.loaded()[1]
     n, height, width, channels = pixels.shape
     plane = _buffer_plane(height, width)
     direct = out.dtype == np.float32 or lut is None
-    staged = None if direct else np.empty((height, width), np.float32)
-    tables = None if lut is None else [lut[c].reshape(1, 256) for c in range(channels)]
+    staged = np.empty((0, 0) if direct else (height, width), np.float32)
+    tables = [] if lut is None else [lut[c].reshape(1, 256) for c in range(channels)]
     for i in range(n):
         for c in range(channels):
             if lut is None:

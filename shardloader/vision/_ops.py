@@ -65,7 +65,7 @@ def _pick_interpolation(interp: int, height: int, width: int, new_h: int, new_w:
 
 def resize(pixels: np.ndarray, width: int, height: int, interp: int) -> np.ndarray:
     """``cv2.resize`` that keeps the channel axis of a one-channel image."""
-    cv2 = _codecs.modules()[1]
+    cv2 = _codecs.loaded()[1]
     out = cv2.resize(pixels, (width, height), interpolation=interp)
     return out[:, :, None] if out.ndim == 2 else out
 
@@ -92,7 +92,7 @@ def crop_scaled(
     image through the affine map that takes an output pixel's centre to the full-size point
     ``cv2.resize`` would sample, expressed in reduced coordinates.
     """
-    cv2 = _codecs.modules()[1]
+    cv2 = _codecs.loaded()[1]
     x0, y0, w, h = box
     sx, sy = pixels.shape[1] / full[1], pixels.shape[0] / full[0]
     out_w, out_h = size
@@ -116,12 +116,12 @@ def crop_scaled(
 
 def _scale_down(src_size: Tuple[int, int], size: Tuple[int, int]) -> Tuple[int, int]:
     """``mx.image.scale_down``: shrink a crop size to fit the image, keeping its aspect."""
-    w, h = size
+    w, h = float(size[0]), float(size[1])
     sw, sh = src_size
     if sh < h:
-        w, h = float(w * sh) / h, sh
+        w, h = w * sh / h, sh
     if sw < w:
-        w, h = sw, float(h * sw) / w
+        w, h = sw, h * sw / w
     return int(w), int(h)
 
 
@@ -164,13 +164,16 @@ class Resize(StepBase):
         if self.target is not None:
             return self.target[1], self.target[0]
         short = self.short
+        assert short is not None  # keep_ratio: a target or a short side, never neither
         if height > width:
             return height * short // width, short
         return short, width * short // height
 
     def apply(self, pixels: np.ndarray, params: Any) -> np.ndarray:
         height, width = self.size(pixels.shape[0], pixels.shape[1], None)
-        method = _pick_interpolation(self.interpolation, *pixels.shape[:2], height, width)
+        method = _pick_interpolation(
+            self.interpolation, pixels.shape[0], pixels.shape[1], height, width
+        )
         return resize(pixels, width, height, method)
 
 
@@ -203,7 +206,8 @@ class FixedCrop(StepBase):
     random = False
 
     def __init__(self, box: Box, size: Optional[Any] = None, interpolation: int = 1) -> None:
-        self.box = tuple(int(v) for v in box)
+        x0, y0, w, h = (int(v) for v in box)
+        self.box: Box = (x0, y0, w, h)
         self.target = None if size is None else pair(size, "CropResize size")
         self.interpolation = check_interpolation(interpolation, "CropResize interpolation")
 

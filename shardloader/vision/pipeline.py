@@ -226,9 +226,10 @@ class ImagePipeline:
         """Whether any step draws random numbers."""
         return any(step.random for step in self.steps)
 
-    def draw(self, height: int, width: int) -> Tuple[list, Optional[Tuple[int, int]]]:
-        """Every step's parameters for an image of ``height`` x ``width``, and the smallest
-        ``(height, width)`` a scaled decode may produce (``None``: decode at full size)."""
+    def draw(self, height: int, width: int) -> Tuple[list, Optional[Tuple[float, float]]]:
+        """Every step's parameters for an image of ``height`` x ``width``, and how small a
+        scaled decode may be, as fractions of the full height and width (``None``: decode at
+        full size)."""
         params = []
         for step in self.steps:
             params.append(step.draw(height, width))
@@ -268,7 +269,7 @@ class ImagePipeline:
         if pixels.shape != out.shape:
             raise _ShapeMismatch(pixels.shape)
         if flip_x or flip_y:
-            cv2 = _codecs.modules()[1]
+            cv2 = _codecs.loaded()[1]
             code = -1 if flip_x and flip_y else (1 if flip_x else 0)
             cv2.flip(
                 pixels[:, :, 0] if pixels.shape[2] == 1 else pixels,

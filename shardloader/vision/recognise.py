@@ -274,7 +274,8 @@ def fuse(
             return Fusion(dataset, batchify_fn, "fused", None, dataset.pipeline)
         raise TypeError("a fused dataset needs its FusedBatchify as batchify_fn")
     if pipeline is not None:
-        inner, transforms = dataset, []
+        inner = dataset
+        transforms: List[Any] = []
         source, why = _sources.source_of(inner)
         if source is None:
             source = _sources.Encoded(dataset, pipeline.flag)
@@ -308,7 +309,11 @@ def fuse(
 
 
 def fuse_for_loader(
-    dataset: Any, batchify_fn: Optional[Callable], *, fuse_transforms: bool, try_nopython: Optional[bool]
+    dataset: Any,
+    batchify_fn: Optional[Callable],
+    *,
+    fuse_transforms: bool,
+    try_nopython: Optional[bool],
 ) -> Tuple[Optional[Fusion], str]:
     """What ``ShardedDataLoader`` asks: ``(fusion, image_path)``, the fused path for a Gluon
     image chain or a fused dataset, or ``None`` and ``stats()['image_path']``'s sentence.
