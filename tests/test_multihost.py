@@ -21,18 +21,25 @@ import pytest
 
 from shardloader import launch
 from shardloader.launch import _hosts
+from shardloader.sampler import RandomSampler
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 import dist_worker  # noqa: E402
 import netlab  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests" / "scripts"))
+import resume_parts  # noqa: E402
+
+sys.path.pop(0)
+
 DRIVER = REPO / "tests" / "scripts" / "multihost_lab.py"
 # Scenarios joined with "+" run at the same time, on hosts or in phases that the others leave
-# alone (sigterm runs on h1 and h2 while host_lost loses h3; the errors before start while
-# unreachable waits out its connect timeout).
+# alone (resume's three jobs run beside train's, each cluster on its own ports; sigterm runs on
+# h1 and h2 while host_lost loses h3; the errors before start while unreachable waits out its
+# connect timeout).
 GROUPS = [
-    "train",
+    "train+resume",
     "worker_fails",
     "host_lost+sigterm",
     "unreachable+loopback+wrong_address+unknown_host",
@@ -100,6 +107,40 @@ def test_dist_sync_training_across_hosts(lab_reports):
         assert not parts[0] & parts[1], epoch
         assert parts[0] | parts[1] == set(range(dist_worker.NUM_SAMPLES)), epoch
     assert ranks[0]["weight"] == ranks[1]["weight"] and ranks[0]["bias"] == ranks[1]["bias"]
+    _assert_clean(report)
+
+
+@pytest.mark.timeout(_DRIVER_TIMEOUT_S + 60)
+def test_a_job_on_two_hosts_resumes_on_three_then_on_one(lab_reports):
+    """dist_sync jobs through the launcher, each machine's part from kv.rank: 2 machines (h1,
+    h2) stop in epoch 1 after 3 and 5 batches; 3 (h1, h2, h3) merge their states, resume and
+    stop after 2, 0 and 4 batches of their shares; 1 (h2) finishes the epoch and runs the next."""
+    report = _report(lab_reports, "resume")
+    stages = report["stages"]
+    assert [s["name"] for s in stages] == ["two", "three", "one"], report["stderr"]
+    for stage in stages:
+        assert stage["returncode"] == 0, stage["stderr"]
+    assert (
+        "placement: h1 (10.29.0.1): scheduler, server 0, worker 1; h2 (10.29.0.2): worker 0"
+        in (stages[0]["stderr"])
+    )
+    assert "h3 (10.29.0.3): worker 1" in stages[1]["stderr"]
+    two, three, one = ([row for log in s["logs"] for row in log] for s in stages)
+    assert [len(log) for log in stages[0]["logs"]] == [3, 5]  # by kv.rank
+    assert [len(log) for log in stages[1]["logs"]] == [2, 0, 4]
+    epoch, n = 1, resume_parts.N
+    served = [
+        s for rows in (two, three, one) for r in rows if r["epoch"] == epoch for s in r["samples"]
+    ]
+    assert len(served) == n and sorted(served) == list(range(n)), "each sample exactly once"
+    # The epoch after it is the one machine's own: the whole permutation of epoch 2.
+    order = RandomSampler(n, seed=resume_parts.SEED)
+    order.set_epoch(epoch + 1)
+    expected, size = list(order), resume_parts.BATCH_SIZE
+    batches = [r["samples"] for r in one if r["epoch"] == epoch + 1]
+    assert batches == [expected[i : i + size] for i in range(0, n, size)]
+    for stage in stages:  # every host's /dev/shm empty after each job
+        assert stage["shm_after"] == {"h1": [], "h2": [], "h3": []}, stage["stderr"]
     _assert_clean(report)
 
 

@@ -7,15 +7,14 @@ those the new machines yield after loading the merged job state are the batches 
 job's epoch, each once (with ``even_size``, each at least once and every new machine yields
 as many), and the next epoch of every new machine is a fresh loader's with the new count.
 The new machines are stopped and merged again, onto a third count, with the same result.
+The whole program (tests/scripts/resume_parts.py as dist_sync jobs on 2 hosts, then 3, then 1)
+runs on the network-namespace lab: tests/test_multihost.py.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -25,7 +24,7 @@ from hypothesis import strategies as st
 
 from shardloader import DataLoader
 from shardloader.distributed import merge_states
-from shardloader.sampler import FixedBucketSampler, RandomSampler, SplitSampler
+from shardloader.sampler import FixedBucketSampler, SplitSampler
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -354,87 +353,3 @@ def test_a_damaged_job_state_is_refused_and_changes_nothing():
             with pytest.raises(ValueError, match=message):
                 loader.load_state_dict(damaged)
             assert loader.state_dict() == before
-
-
-# ------------------------------------------------- the whole program: 2 machines, then 3, then 1
-
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "resume_parts.py")
-
-
-def _machines(tmp_path, job, num_parts, extra, states=()):
-    """Run the ``num_parts`` machines of ``job`` at once, each under a deadline."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    procs = []
-    for rank in range(num_parts):
-        cmd = [sys.executable, SCRIPT, "--parts", str(num_parts), "--rank", str(rank)]
-        cmd += ["--log", str(tmp_path / f"{job}-{rank}.log"), *extra(rank)]
-        if states:
-            cmd += ["--state", *map(str, states)]
-        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
-    errors = []
-    try:
-        for proc in procs:
-            errors.append(proc.communicate(timeout=60)[1])
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.communicate()
-    for rank, (proc, err) in enumerate(zip(procs, errors)):
-        assert proc.returncode == 0, f"{job} machine {rank}: {err[-3000:]}"
-
-
-def _logged(tmp_path, job, num_parts):
-    rows = []
-    for rank in range(num_parts):
-        with open(tmp_path / f"{job}-{rank}.log") as f:
-            rows += [json.loads(line) for line in f]
-    return rows
-
-
-@pytest.mark.timeout(240)
-@pytest.mark.usefixtures("no_leaks")
-def test_a_job_on_two_machines_resumes_on_three_then_on_one(tmp_path):
-    sys.path.insert(0, os.path.dirname(SCRIPT))
-    try:
-        from resume_parts import BATCH_SIZE, SEED, N
-    finally:
-        sys.path.pop(0)
-    epoch = 1
-
-    def stop_after(counts, job):
-        def extra(rank):
-            save = str(tmp_path / f"{job}-{rank}.json")
-            return ["--epoch", str(epoch), "--stop-after", str(counts[rank]), "--save", save]
-
-        return extra
-
-    # 2 machines stop in epoch 1 after 3 and 5 batches; 3 machines resume and stop after
-    # 2, 0 and 4 batches of their shares; 1 machine finishes the epoch and runs the next.
-    _machines(tmp_path, "two", 2, stop_after([3, 5], "two"))
-    _machines(
-        tmp_path,
-        "three",
-        3,
-        stop_after([2, 0, 4], "three"),
-        [tmp_path / f"two-{rank}.json" for rank in range(2)],
-    )
-    _machines(
-        tmp_path,
-        "one",
-        1,
-        lambda rank: ["--finish"],
-        [tmp_path / f"three-{rank}.json" for rank in range(3)],
-    )
-
-    two, three, one = (_logged(tmp_path, *job) for job in (("two", 2), ("three", 3), ("one", 1)))
-    assert [len(rows) for rows in (two, three)] == [8, 6]
-    served = [
-        s for rows in (two, three, one) for r in rows if r["epoch"] == epoch for s in r["samples"]
-    ]
-    assert len(served) == N and sorted(served) == list(range(N)), "each sample exactly once"
-    # The epoch after it is the one machine's own: the whole permutation of epoch 2.
-    order = RandomSampler(N, seed=SEED)
-    order.set_epoch(epoch + 1)
-    expected = list(order)
-    batches = [r["samples"] for r in one if r["epoch"] == epoch + 1]
-    assert batches == [expected[i : i + BATCH_SIZE] for i in range(0, N, BATCH_SIZE)]

@@ -25,6 +25,7 @@ import netlab  # noqa: E402
 
 WORKER = str(REPO / "tests" / "dist_worker.py")
 FOREVER = str(REPO / "tests" / "scripts" / "multihost_forever.py")
+RESUME = str(REPO / "tests" / "scripts" / "resume_parts.py")
 _RUN_TIMEOUT_S = 90
 _READY_TIMEOUT_S = 60
 
@@ -33,10 +34,12 @@ class Scenarios:
     def __init__(self, lab: netlab.Lab, out_dir: Path) -> None:
         self.lab, self.out_dir = lab, out_dir
 
-    def launcher(self, hosts: str, *args: str, template: str = "") -> subprocess.Popen:
+    def launcher(
+        self, hosts: str, *args: str, template: str = "", workers: int = 2
+    ) -> subprocess.Popen:
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         argv = [
-            sys.executable, "-m", "shardloader.launch", "-n", "2", "-s", "1",
+            sys.executable, "-m", "shardloader.launch", "-n", str(workers), "-s", "1",
             "--hosts", hosts, "--remote", template or self.lab.template, "--grace-period", "2",
             "--env", f"PYTHONPATH={REPO}", "--env", "OMP_NUM_THREADS=1", *args,
         ]  # fmt: skip
@@ -145,6 +148,53 @@ class Scenarios:
         proc.send_signal(signal.SIGTERM)
         report = self.finish(proc, started, ready=ready, during=during)
         report["after_signal_s"] = time.monotonic() - signalled_at
+        return report
+
+    def resume(self) -> dict:
+        """A dist_sync job of 2 machines (h1, h2) stopped mid-epoch, resumed on 3 (h1, h2,
+        h3) and stopped again, then finished on 1 (h2), which runs the next epoch too. Each
+        machine's part is its ``kv.rank`` of ``kv.num_workers``; the states go to a directory
+        every host reads (the hosts share all files but /dev/shm: a shared checkpoint store)."""
+        run_dir = self.run_dir("resume")
+        stages = [
+            # (name, hosts, batches each rank takes before the stop, or None: finish)
+            ("two", ["h1", "h2"], ["3", "5"]),
+            ("three", ["h1", "h2", "h3"], ["2", "0", "4"]),
+            ("one", ["h2"], None),
+        ]
+        report: dict = {"stages": []}
+        states: list = []
+        for name, hosts, stop_after in stages:
+            log = str(run_dir / f"{name}-{{rank}}.log")
+            tail = ["--finish"]
+            if stop_after is not None:
+                save = str(run_dir / f"{name}-{{rank}}.json")
+                tail = ["--stop-after", *stop_after, "--save", save]
+            command = [RESUME, "--kvstore", "--log", log, "--epoch", "1", *tail]
+            if states:
+                command += ["--state", *states]
+            started = time.monotonic()
+            proc = self.launcher(
+                self.lab.hosts_arg(hosts), "--timeout", "60", sys.executable, *command,
+                workers=len(hosts),
+            )  # fmt: skip
+            stage = self.finish(proc, started, name=name)
+            stage["logs"] = [
+                [
+                    json.loads(line)
+                    for line in (run_dir / f"{name}-{r}.log").read_text().splitlines()
+                ]
+                if (run_dir / f"{name}-{r}.log").exists()
+                else None
+                for r in range(len(hosts))
+            ]
+            stage["shm_after"] = {h: self.lab.shm_entries(h) for h in self.lab.hosts}
+            report["stages"].append(stage)
+            if stage["returncode"] != 0:
+                break
+            states = [str(run_dir / f"{name}-{r}.json") for r in range(len(hosts))]
+        report["elapsed_s"] = sum(s["elapsed_s"] for s in report["stages"])
+        report["stderr"] = "\n".join(s["stderr"] for s in report["stages"])
         return report
 
     def loopback(self) -> dict:

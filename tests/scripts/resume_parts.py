@@ -1,7 +1,7 @@
 """One machine of a data-parallel job that is stopped and resumed on another number of machines.
 
-    python resume_parts.py --parts P --rank R --log LOG [--state FILE ...] [--epoch E]
-                           (--stop-after K --save FILE | --finish)
+    python resume_parts.py (--parts P --rank R | --kvstore) --log LOG [--state FILE ...]
+                           [--epoch E] (--stop-after K [K ...] --save FILE | --finish)
 
 Builds machine R's loader of P (``num_parts=P, part_index=R``, two worker processes, a
 shuffled dataset whose samples are their own indices) and trains a toy model on it. Without
@@ -14,7 +14,12 @@ and then one more epoch. Every batch it takes is appended to LOG as a JSON line
 behind.
 
 The dataset and loader arguments are fixed here (N, BATCH_SIZE, SEED) so that every machine
-builds the same loader; tests/test_resume_parts.py reads them.
+builds the same loader; tests/test_multihost.py reads them.
+
+With ``--kvstore`` it is a worker of a ``dist_sync`` job (started by ``python -m
+shardloader.launch``): P and R are ``kv.num_workers`` and ``kv.rank``, as in a user's training
+script, ``{rank}`` in LOG and ``--save`` stands for R, and with several ``--stop-after`` counts
+machine R takes the R-th.
 """
 
 from __future__ import annotations
@@ -35,17 +40,30 @@ N, BATCH_SIZE, SEED = 103, 4, 11
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", type=int, required=True)
-    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--parts", type=int)
+    parser.add_argument("--rank", type=int)
+    parser.add_argument("--kvstore", action="store_true")
     parser.add_argument("--log", required=True)
     parser.add_argument("--state", nargs="*", default=[])
     parser.add_argument("--epoch", type=int, default=0)
-    parser.add_argument("--stop-after", type=int)
+    parser.add_argument("--stop-after", type=int, nargs="+")
     parser.add_argument("--save")
     parser.add_argument("--finish", action="store_true")
     args = parser.parse_args(argv)
     if args.finish == (args.stop_after is not None and args.save is not None):
         parser.error("give either --stop-after K --save FILE, or --finish")
+    if args.kvstore == (args.parts is not None and args.rank is not None):
+        parser.error("give either --parts P --rank R, or --kvstore")
+    if args.kvstore:
+        import mxnet as mx
+
+        kv = mx.kv.create("dist_sync")
+        args.parts, args.rank = kv.num_workers, kv.rank
+    stop_after = None
+    if args.stop_after is not None:
+        stop_after = args.stop_after[args.rank % len(args.stop_after)]
+    log_path = args.log.format(rank=args.rank)
+    save_path = args.save.format(rank=args.rank) if args.save else None
 
     loader = DataLoader(
         np.arange(N, dtype="float32"),
@@ -57,7 +75,7 @@ def main(argv=None) -> int:
         part_index=args.rank,
     )
     weight = 0.0
-    with loader, open(args.log, "a") as log:
+    with loader, open(log_path, "a") as log:
         if args.state:
             states = []
             for path in args.state:
@@ -71,15 +89,15 @@ def main(argv=None) -> int:
             epoch = args.epoch
         for _ in range(2 if args.finish else 1):
             # islice asks for no batch beyond the K-th: the state counts exactly those.
-            for batch in itertools.islice(loader, args.stop_after):
+            for batch in itertools.islice(loader, stop_after):
                 values = batch.asnumpy()
                 weight += 0.01 * (float(values.mean()) - weight)  # the "training"
                 samples = [int(v) for v in values.tolist()]
                 log.write(json.dumps({"epoch": epoch, "samples": samples}) + "\n")
                 log.flush()
             epoch += 1
-        if args.save:
-            with open(args.save, "w") as f:
+        if save_path:
+            with open(save_path, "w") as f:
                 json.dump(loader.state_dict(), f)
     left = multiprocessing.active_children()
     if left:
