@@ -256,6 +256,11 @@ def build(names: Sequence[str] = ("h1", "h2", "h3"), subnet: str = "10.29.0") ->
             f"refusing to build a lab outside the sandbox (interfaces {extra}); run the "
             f"driver under {' '.join(SANDBOX)}"
         )
+    # `ip netns add` names a namespace by a file under /run/netns, which the sandbox would
+    # share with the machine: a private tmpfs there keeps two labs (or one killed before its
+    # teardown) from colliding on h1..h3, and the names go with the sandbox.
+    os.makedirs("/run/netns", exist_ok=True)
+    _sh("mount", "-t", "tmpfs", "-o", "size=1m,mode=755", "netlab", "/run/netns")
     state_dir = tempfile.mkdtemp(prefix="netlab-")
     lab = Lab(state_dir)
     try:
