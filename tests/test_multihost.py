@@ -60,6 +60,7 @@ def lab_reports(tmp_path_factory):
         pytest.skip(f"no network-namespace lab: {reason}")
     out_dir = tmp_path_factory.mktemp("multihost")
     started = time.monotonic()
+    multihost_s3.prepare(out_dir)
     try:
         done = subprocess.run(
             [*netlab.SANDBOX, sys.executable, str(DRIVER), str(out_dir), *GROUPS],

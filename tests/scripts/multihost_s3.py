@@ -3,10 +3,11 @@ a SeaweedFS server on h1 (used by tests/scripts/multihost_lab.py's ``Scenarios.s
 
 Three roles, one file:
 
-- ``scenario(scenarios, run_dir)`` (in the driver): packs a small ``.rec``/``.idx``, starts the
-  server on h1 (``serve``), launches a ``dist_sync`` job whose workers are on h2 and h3
-  (``machine``) with each host's own ``XDG_CACHE_HOME``, stops the server once both machines
-  have read their first epoch, and reports.
+- ``scenario(scenarios, run_dir)`` (in the driver): takes the small ``.rec``/``.idx`` that
+  ``prepare`` packed (or packs it), starts the server on h1 (``serve``), launches a
+  ``dist_sync`` job whose workers are on h2 and h3 (``machine``) with each host's own
+  ``XDG_CACHE_HOME``, stops the server once both machines have read their first epoch, and
+  reports.
 - ``serve FOLDER ADDRESS REC IDX`` (on h1): ``weed mini`` bound to ADDRESS, the bucket
   ``lab`` holding the pair as ``data.rec``/``data.idx``; prints ``ready ENDPOINT`` and serves
   until its stdin closes.
@@ -60,12 +61,23 @@ def _wait_for(paths, deadline_s: float, alive=lambda: True) -> bool:
 # ---------------------------------------------------------------------- the driver's side
 
 
-def scenario(scenarios, run_dir: Path) -> dict:
+def prepare(out_dir: Path) -> None:
+    """Pack the records into ``OUT_DIR/s3-data.rec`` (and ``.idx``), with their digests in
+    ``s3-data.json``. The test calls it before the driver, in a process that has imported
+    MXNet already: importing it in the driver would take seconds of the scenario's time."""
     from shardloader.recordio import pack_records
 
-    lab = scenarios.lab
     records = make_records()
-    rec, idx = pack_records(run_dir / "data.rec", records)
+    pack_records(out_dir / "s3-data.rec", records)
+    (out_dir / "s3-data.json").write_text(json.dumps([digest(r) for r in records]))
+
+
+def scenario(scenarios, run_dir: Path) -> dict:
+    lab = scenarios.lab
+    data = run_dir.parent / "s3-data"
+    if not data.with_suffix(".json").exists():  # the driver run by hand
+        prepare(run_dir.parent)
+    rec, idx = str(data.with_suffix(".rec")), str(data.with_suffix(".idx"))
     h1 = lab.host("h1").address
     with open(run_dir / "serve.log", "wb") as log:
         server = lab.popen(
@@ -108,7 +120,7 @@ def scenario(scenarios, run_dir: Path) -> dict:
         started,
         read_first=read_first,
         server_code=server.returncode,
-        expected=[digest(r) for r in records],
+        expected=json.loads(data.with_suffix(".json").read_text()),
         offsets=[int(line.split()[1]) for line in Path(idx).read_text().splitlines()],
         size=os.path.getsize(rec),
         chunk_bytes=CHUNK_BYTES,
