@@ -41,7 +41,7 @@ GROUPS = [
     "unreachable+loopback+wrong_address+unknown_host",
 ]
 SCENARIOS = [name for group in GROUPS for name in group.split("+")]
-# The whole driver takes about 30-60 s here (2 cores shared, s3 beside train adds about 20 s);
+# The whole driver takes about 30-60 s here (2 cores shared, s3 beside train adds about 10 s);
 # this bounds a hang.
 _DRIVER_TIMEOUT_S = 400
 # A failure must end the job this soon after it happens (grace period 2 s, polling, startup).
