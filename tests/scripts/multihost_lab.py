@@ -21,6 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
+import multihost_s3  # noqa: E402  (beside this script)
 import netlab  # noqa: E402
 
 WORKER = str(REPO / "tests" / "dist_worker.py")
@@ -232,6 +233,10 @@ class Scenarios:
             return self.finish(proc, started)
         finally:
             self.lab.run("h3", ["ip", "route", "del", "blackhole", f"{h1}/32"], check=True)
+
+    def s3(self) -> dict:
+        """Machines on h2 and h3 read their parts of s3:// RecordIO from a server on h1."""
+        return multihost_s3.scenario(self, self.run_dir("s3"))
 
 
 def _run(scenarios: Scenarios, name: str, reports: dict) -> None:
