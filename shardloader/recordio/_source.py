@@ -12,8 +12,9 @@ starts fetching, on at most ``_AHEAD`` threads of its own, chunks not yet cached
 between the lowest and the highest record this reader has been asked for. That range never
 leaves the machine's part when the part is a contiguous run of records (``shuffle=False``, or
 ``SplitSampler``); a shuffled part cut by ``PartitionSampler`` is spread over the whole file,
-and so are its chunks. A read-ahead skips a chunk whose lock another process holds (it is being fetched), keeps no
-bytes (they go to the cache), and keeps its error for the record that needs the chunk.
+and so are its chunks. A read-ahead skips a chunk whose lock another process holds (it is
+being fetched), keeps no bytes (they go to the cache), and keeps its error for the record that
+needs the chunk.
 """
 
 from __future__ import annotations
