@@ -6,13 +6,16 @@ A real server (SeaweedFS's ``weed mini``, :mod:`benchmarks.s3server`) on 127.0.0
 
 1. **cold**: from ``s3://``, with an empty cache: every chunk comes from the server;
 2. **cached**: the next epoch of the same loader: every chunk comes from the cache;
-3. **local**: two epochs of the local file.
+3. **local**: two epochs of the local file;
+4. **cold, no read-ahead**: a cold epoch with the readers' read-ahead turned off (each worker
+   then has one GET in flight at a time), to measure what the read-ahead gains. Rounds
+   alternate which cold epoch comes first.
 
 Rates are images per second. The ratios are within a round (paired), and first epochs are
 compared with first epochs (both start their workers): cold over the local file's first
-epoch, cached over its second; the summary gives their medians. Requests per epoch are
-counted as the chunks the cache received (each chunk is one ranged GET; opening a dataset
-adds one HEAD and one GET of the ``.idx``).
+epoch, cached over its second, cold over cold without read-ahead; the summary gives their
+medians. Requests per epoch are counted as the chunks the cache received (each chunk is one
+ranged GET; opening a dataset adds one HEAD and one GET of the ``.idx``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,18 @@ def _loader(path: str, cache: str, workers: int) -> Any:
     )
 
 
+def _cold_without_read_ahead(url: str, cache: str, workers: int) -> float:
+    """A cold epoch with read-ahead off (the worker processes fork with the setting)."""
+    from shardloader.recordio import _source
+
+    ahead, _source._AHEAD = _source._AHEAD, 0
+    try:
+        with _loader(url, cache, workers) as loader:
+            return _epoch(loader)
+    finally:
+        _source._AHEAD = ahead
+
+
 def run(n: int, rounds: int, workers: int, folder: str) -> Dict[str, Any]:
     from .s3server import Weed
 
@@ -73,7 +88,11 @@ def run(n: int, rounds: int, workers: int, folder: str) -> Dict[str, Any]:
         results: List[Dict[str, Any]] = []
         for number in range(rounds):
             cache = os.path.join(folder, f"cache{number}")
+            plain_cache = os.path.join(folder, f"plain{number}")
             shutil.rmtree(cache, ignore_errors=True)
+            shutil.rmtree(plain_cache, ignore_errors=True)
+            if number % 2:
+                plain = _cold_without_read_ahead(url, plain_cache, workers)
             with _loader(url, cache, workers) as loader:
                 cold = _epoch(loader)
                 cold_requests = _chunks(cache)
@@ -82,6 +101,8 @@ def run(n: int, rounds: int, workers: int, folder: str) -> Dict[str, Any]:
             with _loader(rec, cache, workers) as loader:
                 local_first = _epoch(loader)
                 local = _epoch(loader)
+            if not number % 2:
+                plain = _cold_without_read_ahead(url, plain_cache, workers)
             results.append(
                 {
                     "cold": cold,
@@ -92,6 +113,9 @@ def run(n: int, rounds: int, workers: int, folder: str) -> Dict[str, Any]:
                     "cached_requests": cached_requests,
                     "cached_over_local": cached / local,
                     "cold_over_local": cold / local_first,
+                    "cold_no_read_ahead": plain,
+                    "cold_over_no_read_ahead": cold / plain,
+                    "cold_no_read_ahead_over_local": plain / local_first,
                 }
             )
             print(json.dumps({"round": number, **results[-1]}), flush=True)
@@ -106,6 +130,9 @@ def run(n: int, rounds: int, workers: int, folder: str) -> Dict[str, Any]:
             "local",
             "cached_over_local",
             "cold_over_local",
+            "cold_no_read_ahead",
+            "cold_over_no_read_ahead",
+            "cold_no_read_ahead_over_local",
         )
     }
     return {
@@ -134,7 +161,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{rounds} rounds): cold {median['cold']:.0f} img/s, cached {median['cached']:.0f} "
         f"img/s, local {median['local_first']:.0f} then {median['local']:.0f} img/s; "
         f"cached/local {median['cached_over_local']:.2f}, "
-        f"cold/local {median['cold_over_local']:.2f}; requests per epoch: cold "
+        f"cold/local {median['cold_over_local']:.2f}; cold without read-ahead "
+        f"{median['cold_no_read_ahead']:.0f} img/s, cold with/without "
+        f"{median['cold_over_no_read_ahead']:.2f}; requests per epoch: cold "
         f"{result['requests']['cold']}, cached {result['requests']['cached']}"
     )
     if args.out:

@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -115,17 +116,23 @@ def test_requests_are_coalesced_and_the_cache_is_shared(raw, s3env, tmp_path, mo
     assert second._source.requests == []
 
 
-def test_each_machine_fetches_only_its_part(raw, s3env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled-read-ahead"])
+def test_each_machine_fetches_only_its_part(raw, s3env, tmp_path, monkeypatch, shuffled):
+    from shardloader.sampler import SplitSampler
+
     monkeypatch.setattr(_source, "_CHUNK_BYTES", 16 * 1024)
     fetched = []
     for part in (0, 1):
         dataset = RecordDataset(raw.url, cache_dir=tmp_path / f"machine{part}")
-        loader = ShardedDataLoader(
-            dataset, batch_size=50, num_parts=2, part_index=part, batchify_fn=list
-        )
+        # Shuffled within the part, the reads ahead run, and stay in the part's records.
+        split = SplitSampler(len(dataset), num_parts=2, part_index=part, shuffle=True, seed=4)
+        parts = {"sampler": split} if shuffled else {"num_parts": 2, "part_index": part}
+        loader = ShardedDataLoader(dataset, batch_size=50, batchify_fn=list, **parts)
         got = [record for batch in loader for record in batch]
         half = len(raw.records) // 2
-        assert got == raw.records[part * half : (part + 1) * half]
+        mine = raw.records[part * half : (part + 1) * half]
+        assert sorted(got) == sorted(mine) and (shuffled or got == mine)
+        dataset.close()  # waits for the reads ahead under way
         fetched.append(sum(stop - start for start, stop in dataset._source.requests))
     size = os.path.getsize(raw.rec)
     # Each machine fetches its half, and at most the one chunk around the cut in common.
@@ -346,23 +353,29 @@ def test_shardloader_bench_reads_s3(images, s3env, tmp_path):
     assert f"{images.url} through shardloader's ImageRecordDataset" in proc.stdout
 
 
-def _read_all_and_report(url, cache, chunk_bytes, conn):
+def _read_all_and_report(url, cache, chunk_bytes, conn, seed=None):
     _source._CHUNK_BYTES = chunk_bytes
     dataset = RecordDataset(url, cache_dir=cache)
-    records = [dataset[i] for i in range(len(dataset))]
-    conn.send((records, dataset._source.requests))
+    order = range(len(dataset))
+    if seed is not None:  # shuffled: the reads ahead fetch most chunks
+        order = np.random.default_rng(seed).permutation(len(dataset)).tolist()
+    got = {i: dataset[i] for i in order}
+    dataset.close()  # waits for the reads ahead under way
+    conn.send(([got[i] for i in range(len(dataset))], dataset._source.requests))
     conn.close()
 
 
-def test_processes_of_a_machine_fetch_each_chunk_once(raw, s3env, tmp_path, no_leaks):
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled-read-ahead"])
+def test_processes_of_a_machine_fetch_each_chunk_once(raw, s3env, tmp_path, no_leaks, shuffled):
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
     pipes, processes = [], []
-    for _ in range(3):
+    for seed in range(3):
         ours, theirs = context.Pipe(duplex=False)
         process = context.Process(
-            target=_read_all_and_report, args=(raw.url, str(tmp_path), 32 * 1024, theirs)
+            target=_read_all_and_report,
+            args=(raw.url, str(tmp_path), 32 * 1024, theirs, seed if shuffled else None),
         )
         process.start()
         theirs.close()
@@ -425,4 +438,59 @@ def test_a_server_gone_mid_epoch_fails_the_workers_epoch_clearly(
     finally:
         weed.stop()
         # This process's client keeps its connection pooled for the next dataset, by design.
+        _s3.close_clients()
+
+
+def test_reads_ahead_fetch_each_chunk_once_and_end_with_the_dataset(
+    raw, s3env, tmp_path, monkeypatch, no_leaks
+):
+    monkeypatch.setattr(_source, "_CHUNK_BYTES", 16 * 1024)
+    dataset = RecordDataset(raw.url, cache_dir=tmp_path)
+    last = len(dataset) - 1
+    assert (dataset[0], dataset[last]) == (raw.records[0], raw.records[last])
+    # The two reads asked for the first and the last chunk; the reads ahead fetch those
+    # between, on threads of their own.
+    assert any(t.name == "shardloader-s3-read-ahead" for t in threading.enumerate())
+    order = np.random.default_rng(3).permutation(len(dataset)).tolist()
+    assert all(dataset[i] == raw.records[i] for i in order)
+    dataset.close()
+    assert not any(t.name == "shardloader-s3-read-ahead" for t in threading.enumerate())
+    fetched = sorted(dataset._source.requests)
+    assert len(fetched) == len(set(fetched)) > 10
+    assert fetched[0][0] == 0 and fetched[-1][1] == os.path.getsize(raw.rec)
+    assert all(a[1] == b[0] for a, b in zip(fetched, fetched[1:]))
+    # The client keeps the reads' connections pooled for the next dataset, by design.
+    _s3.close_clients()
+
+
+def test_a_read_ahead_failure_is_raised_at_the_record_that_needs_it(
+    raw, tmp_path, monkeypatch, no_leaks
+):
+    weed, url = own_server(tmp_path, monkeypatch, raw, "ahead")
+    try:
+        monkeypatch.setattr(_source, "_CHUNK_BYTES", 8 * 1024)
+        dataset = RecordDataset(url, cache_dir=tmp_path / "cache")
+        last = len(dataset) - 1
+        dataset[0], dataset[last]  # the reads ahead fetch a few chunks after the first
+        dataset.close()
+        fetched = {start for start, _ in dataset._source.requests}
+        offsets = dataset._offsets
+        starts = dataset._source.chunk_starts(offsets).tolist()
+        assert len(fetched) > 2 and starts[1] in fetched
+        missing = min(start for start in starts if start not in fetched)
+        weed.stop()
+        started = time.monotonic()
+        # From the cache: the reads ahead it starts fail, and are not raised here.
+        assert dataset[last] == raw.records[last]
+        second = int(np.flatnonzero(offsets == starts[1])[0])
+        assert dataset[second] == raw.records[second]
+        record = int(np.flatnonzero(offsets == missing)[0])
+        with pytest.raises(
+            RecordIOError, match=rf"s3://ahead/raw\.rec: record {record} .*cannot reach"
+        ):
+            dataset[record]
+        dataset.close()
+        assert time.monotonic() - started < 30
+    finally:
+        weed.stop()
         _s3.close_clients()

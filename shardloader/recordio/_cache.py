@@ -71,12 +71,22 @@ class RangeCache:
         name = hashlib.sha256(identity.encode()).hexdigest()[:40]
         return os.path.join(self.root, "objects", name)
 
+    def holds(self, info: ObjectInfo, start: int, stop: int) -> bool:
+        """Whether an entry for bytes ``[start, stop)`` of ``info`` exists (unchecked)."""
+        return os.path.exists(os.path.join(self.folder(info), f"{start}-{stop}"))
+
     def get(
-        self, info: ObjectInfo, start: int, stop: int, fetch: Callable[[int, int], bytes]
-    ) -> mmap.mmap:
+        self,
+        info: ObjectInfo,
+        start: int,
+        stop: int,
+        fetch: Callable[[int, int], bytes],
+        wait: bool = True,
+    ) -> Optional[mmap.mmap]:
         """Bytes ``[start, stop)`` of ``info``, mapped from the cache (checked once, here), or
         first fetched by ``fetch(start, stop)``, once per machine, and cached. The map stays
-        valid when the entry is evicted; it closes when no one holds it."""
+        valid when the entry is evicted; it closes when no one holds it. With ``wait=False``,
+        a range another process or thread is fetching now is left to it: ``None``."""
         folder = self.folder(info)
         path = os.path.join(folder, f"{start}-{stop}")
         data = self._load(path, stop - start)
@@ -86,7 +96,10 @@ class RangeCache:
         os.makedirs(folder, mode=0o700, exist_ok=True)
         lock_fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)  # another process may be fetching it now
+            try:  # another process may be fetching it now
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                return None
             data = self._load(path, stop - start)
             if data is not None:
                 self.hits += 1
