@@ -357,6 +357,17 @@ class ShardedDataLoader(_GluonDataLoader):
         if ahead is not None and ahead.epoch != epoch:
             self.clean()
         self._next_epoch = epoch
+        current = self._current
+        between_epochs = current.ended or (
+            current.consumed == 0 and all(it.position is not current for it in list(self._open))
+        )
+        if self._resume is None and between_epochs:
+            # A checkpoint taken now starts where the next iter() will: at epoch ``epoch``,
+            # with the batch sampler's state at its start (as _start_epoch reads it).
+            bs = self._batch_sampler
+            if hasattr(bs, "set_epoch"):
+                bs.set_epoch(epoch)
+            self._current = Position(epoch, 0, _checkpoint.sampler_state(bs))
         if prestarted and self._prestarted is None:
             self.refresh()
 

@@ -667,3 +667,32 @@ def test_training_resumed_in_a_fresh_process_ends_with_the_same_weights(tmp_path
     for name in full:
         assert np.array_equal(full[name].asnumpy(), resumed[name].asnumpy()), name
         assert not np.array_equal(full[name].asnumpy(), checkpoint[name].asnumpy()), name
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("after_an_epoch", [False, True])
+def test_a_checkpoint_after_set_epoch_resumes_at_that_epoch(after_an_epoch):
+    # set_epoch(e) says where the next iter() starts; a state_dict() taken before that iter()
+    # must say so too, or a job restored from it would rerun the epoch before.
+    loader = ShardedDataLoader(RangeDataset(20), batch_size=3, shuffle=True, seed=4)
+    if after_an_epoch:
+        list(loader)
+    loader.set_epoch(5)
+    state = loader.state_dict()
+    assert (state["epoch"], state["consumed"]) == (5, 0)
+    expected = ShardedDataLoader(RangeDataset(20), batch_size=3, shuffle=True, seed=4)
+    expected.set_epoch(5)
+    resumed = ShardedDataLoader(RangeDataset(20), batch_size=3, shuffle=True, seed=4)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+
+    def labels(epoch_loader):
+        return [batch[1].asnumpy().tolist() for batch in epoch_loader]
+
+    for _ in range(2):  # epoch 5, then 6
+        assert labels(resumed) == labels(expected)
+    # An epoch in progress is what a checkpoint describes, whatever the next iter() will run.
+    it = iter(loader)
+    next(it)
+    loader.set_epoch(9)
+    assert (loader.state_dict()["epoch"], loader.state_dict()["consumed"]) == (5, 1)
+    it.close()
