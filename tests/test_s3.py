@@ -5,6 +5,7 @@ and a clear error naming the URL for every fault."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -180,40 +181,47 @@ def test_the_fused_image_loader_reads_s3(images, s3env, tmp_path, monkeypatch):
     assert os.listdir(tmp_path / "shardloader" / "objects")  # the default cache folder
 
 
+@contextlib.contextmanager
 def own_server(tmp_path, monkeypatch, raw, bucket):
     """A server of the test's own, which it may stop, holding ``raw`` in ``bucket``; the
-    environment points at it, with short retries."""
+    environment points at it, with short retries. Stopped at the end, and this process's
+    client closed (it keeps its connections pooled for the next dataset, by design)."""
     weed = Weed(str(tmp_path / "weed"))
     weed.start()
-    weed.client().create_bucket(Bucket=bucket)
-    url = upload(weed, raw.rec, raw.idx, "raw", bucket=bucket)
-    for name, value in weed.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("SHARDLOADER_S3_ATTEMPTS", "2")
-    monkeypatch.setenv("SHARDLOADER_S3_CONNECT_TIMEOUT", "1")
-    return weed, url
-
-
-def test_the_second_epoch_comes_from_the_cache_with_the_server_gone(raw, tmp_path, monkeypatch):
-    weed, url = own_server(tmp_path, monkeypatch, raw, "gone")
     try:
+        weed.client().create_bucket(Bucket=bucket)
+        url = upload(weed, raw.rec, raw.idx, "raw", bucket=bucket)
+        for name, value in weed.env().items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("SHARDLOADER_S3_ATTEMPTS", "2")
+        monkeypatch.setenv("SHARDLOADER_S3_CONNECT_TIMEOUT", "1")
+        yield weed, url
+    finally:
+        weed.stop()
+        _s3.close_clients()
+
+
+def test_the_second_epoch_comes_from_the_cache_with_the_server_gone(
+    raw, tmp_path, monkeypatch, no_leaks
+):
+    with own_server(tmp_path, monkeypatch, raw, "gone") as (weed, url):
         monkeypatch.setattr(_source, "_CHUNK_BYTES", 16 * 1024)
         dataset = RecordDataset(url, cache_dir=tmp_path / "cache")
         loader = ShardedDataLoader(dataset, batch_size=100, num_parts=2, batchify_fn=list)
         first = [r for batch in loader for r in batch]
         requests = len(dataset._source.requests)
         assert requests > 1
-    finally:
         weed.stop()
-    dataset.close()  # drops this process's maps: the second epoch reads the cache's files
-    second = [r for batch in loader for r in batch]
-    assert second == first == raw.records[:300]
-    assert len(dataset._source.requests) == requests  # none more
-    # A record of the other part was never fetched: a clear error naming URL and record.
-    started = time.monotonic()
-    with pytest.raises(RecordIOError, match=r"s3://gone/raw\.rec: record 599 .*cannot reach"):
-        dataset[599]
-    assert time.monotonic() - started < 30
+        dataset.close()  # drops this process's maps: the second epoch reads the cache's files
+        second = [r for batch in loader for r in batch]
+        assert second == first == raw.records[:300]
+        assert len(dataset._source.requests) == requests  # none more
+        # A record of the other part was never fetched: a clear error naming URL and record.
+        started = time.monotonic()
+        with pytest.raises(RecordIOError, match=r"s3://gone/raw\.rec: record 599 .*cannot reach"):
+            dataset[599]
+        assert time.monotonic() - started < 30
+        dataset.close()
 
 
 def test_a_damaged_cache_entry_is_fetched_again(raw, s3env, tmp_path):
@@ -420,8 +428,7 @@ def test_the_cache_stays_within_its_bound(raw, s3env, tmp_path, monkeypatch):
 def test_a_server_gone_mid_epoch_fails_the_workers_epoch_clearly(
     raw, tmp_path, monkeypatch, no_leaks
 ):
-    weed, url = own_server(tmp_path, monkeypatch, raw, "mid")
-    try:
+    with own_server(tmp_path, monkeypatch, raw, "mid") as (weed, url):
         monkeypatch.setattr(_source, "_CHUNK_BYTES", 8 * 1024)
         dataset = RecordDataset(url, cache_dir=tmp_path / "cache")
         started = time.monotonic()
@@ -435,10 +442,6 @@ def test_a_server_gone_mid_epoch_fails_the_workers_epoch_clearly(
                 if number == 0:
                     weed.stop()
         assert time.monotonic() - started < 45
-    finally:
-        weed.stop()
-        # This process's client keeps its connection pooled for the next dataset, by design.
-        _s3.close_clients()
 
 
 def test_reads_ahead_fetch_each_chunk_once_and_end_with_the_dataset(
@@ -466,8 +469,7 @@ def test_reads_ahead_fetch_each_chunk_once_and_end_with_the_dataset(
 def test_a_read_ahead_failure_is_raised_at_the_record_that_needs_it(
     raw, tmp_path, monkeypatch, no_leaks
 ):
-    weed, url = own_server(tmp_path, monkeypatch, raw, "ahead")
-    try:
+    with own_server(tmp_path, monkeypatch, raw, "ahead") as (weed, url):
         monkeypatch.setattr(_source, "_CHUNK_BYTES", 8 * 1024)
         dataset = RecordDataset(url, cache_dir=tmp_path / "cache")
         last = len(dataset) - 1
@@ -491,6 +493,3 @@ def test_a_read_ahead_failure_is_raised_at_the_record_that_needs_it(
             dataset[record]
         dataset.close()
         assert time.monotonic() - started < 30
-    finally:
-        weed.stop()
-        _s3.close_clients()
