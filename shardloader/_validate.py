@@ -9,21 +9,27 @@ layer may use it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
 import numbers
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
 __all__ = [
     "LAST_BATCH_CHOICES",
     "check_bool",
+    "check_callable",
     "check_choice",
     "check_int",
     "check_keywords",
     "check_number",
+    "check_options",
+    "option",
+    "optional",
+    "arguments_for",
 ]
 
 # Gluon's ``last_batch`` policies, for the loader's options and the batch samplers alike.
@@ -81,6 +87,54 @@ def check_bool(name: str, value: Any) -> bool:
         f"{name} must be a bool (True or False; 0 and 1 also do), got {value!r:.100} "
         f"({type(value).__name__})"
     )
+
+
+def check_callable(name: str, value: Any) -> Callable:
+    """``value`` if it is callable, else a ``TypeError``."""
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}")
+    return value
+
+
+# ------------------------------------------------------------------ options objects
+# An options object is a frozen dataclass whose fields are made with ``option``: each field
+# is one option, spelled once, with its default and its check. Its ``__post_init__`` calls
+# ``check_options`` (then checks the options against each other), so every construction,
+# ``dataclasses.replace`` included, is checked.
+
+Check = Callable[[str, Any], Any]
+
+
+def option(default: Any, check: Optional[Check] = None, **field_args: Any) -> Any:
+    """A field of an options dataclass: its default, and ``check(name, value)``, which
+    returns the value in its canonical type or raises (None: taken as given)."""
+    return dataclasses.field(default=default, metadata={"check": check}, **field_args)
+
+
+def optional(check: Check) -> Check:
+    """``check``, with None also accepted (and kept)."""
+
+    def check_or_none(name: str, value: Any) -> Any:
+        return None if value is None else check(name, value)
+
+    return check_or_none
+
+
+def check_options(options: Any) -> None:
+    """Run the check of every field of the (frozen) dataclass ``options``, storing each
+    canonical value in place."""
+    for field in dataclasses.fields(options):
+        check = field.metadata.get("check")
+        if check is not None:
+            value = check(field.name, getattr(options, field.name))
+            object.__setattr__(options, field.name, value)
+
+
+def arguments_for(cls: Callable, arguments: Mapping[str, Any]) -> Dict[str, Any]:
+    """Those of a call's arguments (its ``locals()``) that ``cls`` (an options dataclass)
+    takes, by name; the others are left out."""
+    names = inspect.signature(cls).parameters
+    return {name: arguments[name] for name in names if name in arguments}
 
 
 def check_keywords(func: Callable) -> Callable:

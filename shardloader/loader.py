@@ -178,35 +178,10 @@ class ShardedDataLoader(_GluonDataLoader):
         on_worker_death: str = "raise",
         fuse_transforms: bool = True,
     ) -> None:
-        # Every parameter but the dataset, validated in one place (options).
-        self._opts = _options.validate(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            sampler=sampler,
-            last_batch=last_batch,
-            batch_sampler=batch_sampler,
-            batchify_fn=batchify_fn,
-            num_workers=num_workers,
-            pin_memory=pin_memory,
-            pin_device_id=pin_device_id,
-            prefetch=prefetch,
-            thread_pool=thread_pool,
-            timeout=timeout,
-            auto_reload=auto_reload,
-            try_nopython=try_nopython,
-            seed=seed,
-            mxnet_seed=mxnet_seed,
-            num_shards=num_shards,
-            num_parts=num_parts,
-            part_index=part_index,
-            even_size=even_size,
-            worker_init_fn=worker_init_fn,
-            start_method=start_method,
-            ctx=ctx,
-            on_worker_death=on_worker_death,
-            device=device,
-            fuse_transforms=fuse_transforms,
-        )
+        # Every argument but the dataset, checked where the options are made: this
+        # signature is their one public spelling, LoaderOptions their defaults and checks
+        # (a test holds the two to each other).
+        self._opts = _options.LoaderOptions.from_arguments(locals())
         self._length = _options.check_dataset(dataset)
         self._given: Dict[str, Any] = {"dataset": dataset, "batchify_fn": batchify_fn}
         self._cpp_args = (sampler, batch_sampler, start_method)
@@ -488,14 +463,16 @@ class ShardedDataLoader(_GluonDataLoader):
                 f"cannot assign {name} while an epoch of this loader is open or started "
                 "ahead (auto_reload/refresh); close it (or call clean()) first"
             )
-        given: Dict[str, Any] = {
-            k: changes.pop(k) for k in ("dataset", "batchify_fn") if k in changes
-        }
+        given: Dict[str, Any] = {k: changes[k] for k in ("dataset", "batchify_fn") if k in changes}
+        changes.pop("dataset", None)
         if given.get("batchify_fn", True) is None:
             raise TypeError("_batchify_fn must be a callable, got None")
-        if "dataset" in given:
-            self._length = _options.check_dataset(given["dataset"])
+        length = _options.check_dataset(given["dataset"]) if "dataset" in given else None
+        # A copy is made (and checked) like the original: a combination the constructor
+        # refuses is refused here too, and leaves the loader as it was.
         self._opts = dataclasses.replace(self._opts, **changes)
+        if length is not None:
+            self._length = length
         self._given.update(given)
         self._build()
 
@@ -525,7 +502,7 @@ class ShardedDataLoader(_GluonDataLoader):
     )
     _timeout = property(
         lambda self: self._opts.timeout,
-        lambda self, v: self._reconfigure("_timeout", timeout=_options.check_timeout(v)),
+        lambda self, v: self._reconfigure("_timeout", timeout=v),
     )
     _prefetch = property(
         lambda self: self._opts.prefetch,
