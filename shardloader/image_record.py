@@ -8,14 +8,17 @@ division by 255, exactly as ImageRecordIter computes it.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import os
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from . import batchify as _batchify
-from ._validate import check_bool, check_int
+from ._engine.options import LoaderOptions
+from ._validate import arguments_for, check_bool, check_int, check_options, option, optional
 from .dataiter import LoaderDataIter
 from .loader import ShardedDataLoader
 from .recordio import ImageRecordDataset
@@ -27,7 +30,7 @@ from .vision.pipeline import ImagePipeline
 __all__ = ["ImageRecordLoader", "image_record_iter"]
 
 
-def _data_shape(value: Any) -> tuple:
+def _data_shape(name: str, value: Any) -> tuple:
     if (
         not isinstance(value, (tuple, list))
         or len(value) != 3
@@ -35,7 +38,7 @@ def _data_shape(value: Any) -> tuple:
         or value[0] not in (1, 3)
     ):
         raise ValueError(
-            f"data_shape must be (channels, height, width) with 1 or 3 channels and positive "
+            f"{name} must be (channels, height, width) with 1 or 3 channels and positive "
             f"sizes, got {value!r}"
         )
     return tuple(value)
@@ -133,7 +136,6 @@ def _last_batch(round_batch: Optional[bool], last_batch: Optional[str]) -> Optio
     batch ('keep')."""
     if round_batch is None:
         return last_batch
-    check_bool("round_batch", round_batch)
     wanted = "rollover" if round_batch else "keep"
     if last_batch is not None and last_batch != wanted:
         raise ValueError(
@@ -141,6 +143,99 @@ def _last_batch(round_batch: Optional[bool], last_batch: Optional[str]) -> Optio
             f"{last_batch!r} was given too; give one of them"
         )
     return wanted
+
+
+def _amount(name: str, value: Any) -> float:
+    amount = float(value)
+    if amount < 0:
+        raise ValueError(f"{name} must be >= 0, got {amount!r}")
+    return amount
+
+
+def _threads(name: str, value: Any) -> int:
+    """``preprocess_threads``: worker processes, by default ``min(4, os.cpu_count())``."""
+    return check_int(name, min(4, os.cpu_count() or 1) if value is None else value, 0)
+
+
+def _dtype(name: str, value: Any) -> Optional[str]:
+    if value is not None and value not in _DTYPES:
+        raise ValueError(f"{name} must be one of {_DTYPES} or None, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class _DoorOptions:
+    """The door's own arguments, ImageRecordIter's (those that are the loader's go to
+    ``LoaderOptions``): each spelled once, with its default and its check, checked where
+    the options are made. The defaults are ``ImageRecordLoader``'s (a test holds its
+    signature to them)."""
+
+    path_imgrec: str
+    path_imgidx: Optional[str] = option(None)
+    data_shape: Tuple[int, int, int] = option((3, 224, 224), _data_shape)
+    rand_crop: bool = option(False, check_bool)
+    random_resized_crop: bool = option(False, check_bool)
+    min_random_area: float = option(1.0)
+    max_random_area: float = option(1.0)
+    max_aspect_ratio: float = option(0.0)
+    min_aspect_ratio: Optional[float] = option(None)
+    rand_mirror: bool = option(False, check_bool)
+    resize: int = option(-1, functools.partial(check_int, minimum=-1))
+    mean_r: float = option(0.0)
+    mean_g: float = option(0.0)
+    mean_b: float = option(0.0)
+    std_r: float = option(1.0)
+    std_g: float = option(1.0)
+    std_b: float = option(1.0)
+    preprocess_threads: int = option(None, _threads)
+    output: str = option("float32")  # with dtype=, the output it means
+    inter_method: int = option(1)
+    brightness: float = option(0.0, _amount)
+    contrast: float = option(0.0, _amount)
+    saturation: float = option(0.0, _amount)
+    pca_noise: float = option(0.0, _amount)
+    label_width: int = option(1, functools.partial(check_int, minimum=1))
+    round_batch: Optional[bool] = option(None, optional(check_bool))
+    data_name: str = option("data")
+    label_name: str = option("softmax_label")
+    dtype: Optional[str] = option(None, _dtype)
+    # The entry point's name, for messages ("ImageRecordLoader" or "image_record_iter").
+    door: str = option("ImageRecordLoader")
+    # Worked out from the above: the aspect-ratio range of the random resized crop.
+    ratio: Tuple[float, float] = option((1.0, 1.0), init=False)
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        door, channels = self.door, self.data_shape[0]
+        if self.rand_crop and self.random_resized_crop:
+            raise ValueError("random_resized_crop=True conflicts with rand_crop=True (as in "
+                             "ImageRecordIter): give one of them")  # fmt: skip
+        if self.random_resized_crop:
+            ratio = _aspect_range(self.min_aspect_ratio, self.max_aspect_ratio)
+            object.__setattr__(self, "ratio", ratio)
+        elif self.max_aspect_ratio != 0 or self.min_aspect_ratio not in (None, 1, 1.0):
+            raise ValueError(
+                f"{door}(): max_aspect_ratio/min_aspect_ratio without random_resized_crop=True "
+                f"ask for ImageRecordIter's aspect-ratio warp (an affine warp), which the "
+                f"fused path does not run; use them with random_resized_crop=True"
+            )
+        inter_method = self.inter_method
+        if isinstance(inter_method, bool) or inter_method not in (0, 1, 2, 3, 4, 9):
+            raise ValueError(
+                f"{door}(): inter_method must be one of 0, 1, 2, 3, 4 or 9, got "
+                f"{inter_method!r}" + (" (10, a random method per image, is not fused)"
+                                       if inter_method == 10 else "")
+            )  # fmt: skip
+        for name in ("brightness", "contrast", "saturation", "pca_noise"):
+            if getattr(self, name) and channels == 1:
+                raise ValueError(f"{name} needs colour images: data_shape has 1 channel")
+        output, dtype = self.output, self.dtype
+        if dtype is not None:
+            if output != "float32":
+                raise ValueError(f"give dtype= or output=, not both (got {dtype!r}, {output!r})")
+            object.__setattr__(self, "output", "uint8" if dtype == "uint8" else "float32")
+        if self.output not in ("float32", "uint8", "device"):
+            raise ValueError(f"output must be one of 'float32', 'uint8', 'device', got {output!r}")
 
 
 class _Labels:
@@ -281,6 +376,7 @@ class ImageRecordLoader(ShardedDataLoader):
         dtype: Optional[str] = None,
         **loader_kwargs: Any,
     ) -> None:
+        given = dict(locals())  # every argument, taken by name below: spelled once
         door = loader_kwargs.pop("_door", "ImageRecordLoader")
         _check_arguments(door, loader_kwargs)
         for name in list(loader_kwargs):
@@ -290,95 +386,50 @@ class ImageRecordLoader(ShardedDataLoader):
             raise ImportError(f"{door} needs the image codecs: {_codecs.INSTALL_HINT}")
         if batch_size is None:
             raise TypeError(f"{door} needs batch_size=, got None")
-        channels, height, width = _data_shape(data_shape)
-        for name, value in (
-            ("rand_crop", rand_crop),
-            ("random_resized_crop", random_resized_crop),
-            ("rand_mirror", rand_mirror),
-        ):
-            check_bool(name, value)
-        if rand_crop and random_resized_crop:
-            raise ValueError("random_resized_crop=True conflicts with rand_crop=True (as in "
-                             "ImageRecordIter): give one of them")  # fmt: skip
-        if random_resized_crop:
-            ratio = _aspect_range(min_aspect_ratio, max_aspect_ratio)
-        elif max_aspect_ratio != 0 or min_aspect_ratio not in (None, 1, 1.0):
-            raise ValueError(
-                f"{door}(): max_aspect_ratio/min_aspect_ratio without random_resized_crop=True "
-                f"ask for ImageRecordIter's aspect-ratio warp (an affine warp), which the "
-                f"fused path does not run; use them with random_resized_crop=True"
-            )
-        else:
-            ratio = (1.0, 1.0)
-        resize = check_int("resize", resize, -1)
-        if isinstance(inter_method, bool) or inter_method not in (0, 1, 2, 3, 4, 9):
-            raise ValueError(
-                f"{door}(): inter_method must be one of 0, 1, 2, 3, 4 or 9, got "
-                f"{inter_method!r}" + (" (10, a random method per image, is not fused)"
-                                       if inter_method == 10 else "")
-            )  # fmt: skip
-        label_width = check_int("label_width", label_width, 1)
-        jitters = tuple(float(x) for x in (brightness, contrast, saturation))
-        for name, amount in zip(("brightness", "contrast", "saturation", "pca_noise"),
-                                jitters + (float(pca_noise),)):  # fmt: skip
-            if amount < 0:
-                raise ValueError(f"{name} must be >= 0, got {amount!r}")
-            if value and channels == 1:
-                raise ValueError(f"{name} needs colour images: data_shape has 1 channel")
-        if dtype is not None:
-            if dtype not in _DTYPES:
-                raise ValueError(f"dtype must be one of {_DTYPES} or None, got {dtype!r}")
-            if output != "float32":
-                raise ValueError(f"give dtype= or output=, not both (got {dtype!r}, {output!r})")
-            output = "uint8" if dtype == "uint8" else "float32"
-        if output not in ("float32", "uint8", "device"):
-            raise ValueError(f"output must be one of 'float32', 'uint8', 'device', got {output!r}")
-        self._on_device = output == "device"
-        if preprocess_threads is None:
-            preprocess_threads = min(4, os.cpu_count() or 1)
+        o = _DoorOptions(**arguments_for(_DoorOptions, given), door=door)
+        channels, height, width = o.data_shape
+        self._on_device = o.output == "device"
         self.pipeline = ImagePipeline(
             (width, height),
-            resize=resize if resize > 0 else None,
-            random_resized_crop=random_resized_crop,
-            scale=(min_random_area, max_random_area),
-            ratio=ratio,
-            random_crop=rand_crop,
-            center_crop=not (rand_crop or random_resized_crop),
-            flip_left_right=rand_mirror,
-            mean=(mean_r, mean_g, mean_b) if channels == 3 else mean_r,
-            std=(std_r, std_g, std_b) if channels == 3 else std_r,
-            output="uint8" if output == "device" else output,
-            interpolation=inter_method,
+            resize=o.resize if o.resize > 0 else None,
+            random_resized_crop=o.random_resized_crop,
+            scale=(o.min_random_area, o.max_random_area),
+            ratio=o.ratio,
+            random_crop=o.rand_crop,
+            center_crop=not (o.rand_crop or o.random_resized_crop),
+            flip_left_right=o.rand_mirror,
+            mean=(o.mean_r, o.mean_g, o.mean_b) if channels == 3 else o.mean_r,
+            std=(o.std_r, o.std_g, o.std_b) if channels == 3 else o.std_r,
+            output="uint8" if o.output == "device" else o.output,
+            interpolation=o.inter_method,
             flag=1 if channels == 3 else 0,
             pixel_units=True,
-            dtype=dtype if dtype not in (None, "uint8") else "float32",
-            color_jitter=jitters,
-            lighting=float(pca_noise),
+            dtype=o.dtype if o.dtype not in (None, "uint8") else "float32",
+            color_jitter=(o.brightness, o.contrast, o.saturation),
+            lighting=o.pca_noise,
             crop_draws="image_record_iter",
         )
-        if output == "device":  # the loader's pipeline normalises each placed batch
+        if o.output == "device":  # the loader's pipeline normalises each placed batch
             self.pipeline.on_device = PlacedNormalize(
                 self.pipeline.mean, self.pipeline.std, pixel_units=True
             )
-        records = ImageRecordDataset(path_imgrec, path_imgidx, flag=self.pipeline.flag)
+        records = ImageRecordDataset(o.path_imgrec, o.path_imgidx, flag=self.pipeline.flag)
         source, _ = _sources.source_of(records)
-        last_batch = _last_batch(round_batch, loader_kwargs.pop("last_batch", None))
+        # The loader's own options (batch_size, shuffle, seed, num_parts, part_index) pass
+        # to it by name, as given; preprocess_threads and round_batch are its num_workers
+        # and last_batch.
         super().__init__(
-            FusedDataset(_Labels(source, label_width, path_imgrec), self.pipeline),
-            batch_size,
-            shuffle,
-            last_batch=last_batch,
+            FusedDataset(_Labels(source, o.label_width, o.path_imgrec), self.pipeline),
             batchify_fn=FusedBatchify(self.pipeline, _batchify.loader_default()),
-            num_workers=check_int("preprocess_threads", preprocess_threads, 0),
-            seed=seed,
-            num_parts=num_parts,
-            part_index=part_index,
+            num_workers=o.preprocess_threads,
+            last_batch=_last_batch(o.round_batch, loader_kwargs.pop("last_batch", None)),
+            **arguments_for(LoaderOptions, given),
             **loader_kwargs,
         )
         self._data_shape = (channels, height, width)
         self._rows = batch_size
-        self._label_width = label_width
-        self._names = (data_name, label_name)
+        self._label_width = o.label_width
+        self._names = (o.data_name, o.label_name)
 
     def __getattr__(self, name: str) -> Any:
         if name in _DATAITER:
