@@ -14,7 +14,7 @@ import difflib
 import functools
 import inspect
 import numbers
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -123,18 +123,25 @@ def optional(check: Check) -> Check:
 def check_options(options: Any) -> None:
     """Run the check of every field of the (frozen) dataclass ``options``, storing each
     canonical value in place."""
-    for field in dataclasses.fields(options):
-        check = field.metadata.get("check")
-        if check is not None:
-            value = check(field.name, getattr(options, field.name))
-            object.__setattr__(options, field.name, value)
+    for name, check in _checks(type(options)):
+        object.__setattr__(options, name, check(name, getattr(options, name)))
+
+
+@functools.lru_cache(maxsize=None)
+def _checks(cls: type) -> Tuple[Tuple[str, Check], ...]:
+    fields = dataclasses.fields(cls)
+    return tuple((f.name, f.metadata["check"]) for f in fields if f.metadata.get("check"))
 
 
 def arguments_for(cls: Callable, arguments: Mapping[str, Any]) -> Dict[str, Any]:
     """Those of a call's arguments (its ``locals()``) that ``cls`` (an options dataclass)
     takes, by name; the others are left out."""
-    names = inspect.signature(cls).parameters
-    return {name: arguments[name] for name in names if name in arguments}
+    return {name: arguments[name] for name in _parameter_names(cls) if name in arguments}
+
+
+@functools.lru_cache(maxsize=None)
+def _parameter_names(cls: Callable) -> Tuple[str, ...]:
+    return tuple(inspect.signature(cls).parameters)
 
 
 def check_keywords(func: Callable) -> Callable:

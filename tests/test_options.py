@@ -69,7 +69,8 @@ def _loader(**kwargs):
     "given, changes, message",
     [
         (dict(sampler=[0, 1, 2]), dict(shuffle=True), "shuffle must not be specified if sampler"),
-        (dict(num_parts=2, part_index=1), dict(num_parts=1), "part_index must be in [0, num_parts=1)"),
+        (dict(num_parts=2, part_index=1), dict(num_parts=1),
+         "part_index must be in [0, num_parts=1)"),
         (dict(num_parts=2), dict(shuffle=True), "num_parts > 1 with shuffle=True needs seed="),
         (dict(ctx=mx.cpu(0)), dict(pin_memory=True), "pin_memory and ctx must not both be given"),
         (dict(), dict(num_workers=-1), "num_workers must be a non-negative int, got -1"),
