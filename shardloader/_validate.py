@@ -123,7 +123,7 @@ def optional(check: Check) -> Check:
 def check_options(options: Any) -> None:
     """Run the check of every field of the (frozen) dataclass ``options``, storing each
     canonical value in place."""
-    for name, check in _checks(type(options)):
+    for name, check in _checks(options.__class__):
         object.__setattr__(options, name, check(name, getattr(options, name)))
 
 
