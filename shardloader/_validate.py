@@ -3,8 +3,9 @@
 Each check returns the value in its canonical Python type, or raises an error that names the
 argument, what is accepted and what was received (docs/design.md, "Errors"): a ``TypeError``
 for a value of the wrong type, a ``ValueError`` for one of the right type out of range. A
-``bool`` is never taken for an ``int``. This module imports nothing of shardloader's, so every
-layer may use it.
+``bool`` is never taken for an ``int``. It also has the pieces of an options object (``option``,
+``check_options``, ``arguments_for``), each option spelled once with its default and check.
+This module imports nothing of shardloader's, so every layer may use it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "LAST_BATCH_CHOICES",
+    "arguments_for",
     "check_bool",
     "check_callable",
     "check_choice",
@@ -29,7 +31,6 @@ __all__ = [
     "check_options",
     "option",
     "optional",
-    "arguments_for",
 ]
 
 # Gluon's ``last_batch`` policies, for the loader's options and the batch samplers alike.
