@@ -15,6 +15,7 @@ from test_vision_fidelity import MEAN, STD, pil_jpeg, smooth_image, write_rec
 
 from shardloader import ShardedDataLoader, batchify, vision
 from shardloader._engine.ipc import slots
+from shardloader.vision._fused import FusedBatchify
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -194,3 +195,72 @@ def test_a_gluoncv_style_subclass_overriding_getitem_keeps_the_exact_path(imagen
             "exact: the dataset (MyImageFolderDataset) is a subclass of ImageFolderDataset "
             "that overrides MyImageFolderDataset.__getitem__, which the fused path replaces"
         )
+
+
+# -- OpenCV's threads in the workers --------------------------------------------------------------
+
+
+class _ReportThreads(FusedBatchify):
+    """The fused batchify function, which also gives ``cv2.getNumThreads()`` in the process
+    that made the batch, read after the fused step ran there."""
+
+    def __call__(self, samples):
+        import cv2
+
+        images = super().__call__(samples)[0]
+        return images, np.full(len(samples), cv2.getNumThreads(), np.int32)
+
+
+@pytest.fixture
+def cv2_threads():
+    """OpenCV set to 3 threads in this process (not 1, whatever the cores), restored after."""
+    import cv2
+
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(3)
+    yield cv2
+    cv2.setNumThreads(before)
+
+
+def _threads_seen(rec, **options):
+    from shardloader.recordio import ImageRecordDataset
+
+    fusion = vision.fuse(ImageRecordDataset(rec).transform_first(chain()))
+    assert fusion.path == "fused"
+    fused = fusion.batchify_fn
+    with ShardedDataLoader(
+        fusion.dataset,
+        4,
+        batchify_fn=_ReportThreads(fused.pipeline, fused.rest_batchify),
+        seed=0,
+        **options,
+    ) as loader:
+        seen = {int(t) for _, threads in loader for t in np.asarray(threads)}
+    return seen
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_worker_process_runs_opencv_on_one_thread_and_the_users_process_keeps_its_own(
+    rec, cv2_threads, start_method, no_leaks
+):
+    """Before, each worker kept OpenCV's pool (one thread per core, or what the training
+    process had set): with other work on the machine, the cores were oversubscribed."""
+    assert _threads_seen(rec, num_workers=2, start_method=start_method) == {1}
+    assert cv2_threads.getNumThreads() == 3
+
+
+def test_shardloader_cv2_threads_sets_the_workers_pool(rec, cv2_threads, monkeypatch, no_leaks):
+    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "2")
+    assert _threads_seen(rec, num_workers=1, start_method="fork") == {2}
+    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "keep")
+    assert _threads_seen(rec, num_workers=1, start_method="fork") == {3}  # inherited
+    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "many")
+    with pytest.raises(Exception, match="SHARDLOADER_CV2_THREADS must be .*got 'many'"):
+        _threads_seen(rec, num_workers=1, start_method="fork")
+
+
+def test_thread_workers_and_no_workers_leave_opencv_as_the_user_set_it(rec, cv2_threads):
+    """``cv2.setNumThreads`` is process-wide: in thread workers it would be the user's."""
+    assert _threads_seen(rec, num_workers=2, thread_pool=True) == {3}
+    assert _threads_seen(rec, num_workers=0) == {3}
+    assert cv2_threads.getNumThreads() == 3

@@ -7,10 +7,12 @@ one module that imports them, lazily, so ``import shardloader.vision`` works wit
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from .._engine.worker import in_worker_process
 from .._extras import install_hint, missing_extra
 from ..recordio import _imagesize
 
@@ -20,6 +22,11 @@ INSTALL_HINT = install_hint("vision")
 _UNFUSED_COLORSPACES = ("CMYK", "YCCK")
 
 _modules: Optional[Tuple[Any, Any]] = None
+
+# OpenCV's threads in each worker process (docs/vision.md, "Threads in the workers").
+THREADS_ENV = "SHARDLOADER_CV2_THREADS"
+_WORKER_THREADS = 1
+_threads_settled = False
 
 
 def modules() -> Optional[Tuple[Any, Any]]:
@@ -53,6 +60,43 @@ def available() -> bool:
         every loader then takes the exact path, as it would without this package.
     """
     return modules() is not None
+
+
+def worker_threads() -> Optional[int]:
+    """The ``cv2.setNumThreads`` value for worker processes: ``SHARDLOADER_CV2_THREADS`` if
+    set (``keep``: OpenCV's own choice, ``None``), else 1. A ``ValueError`` names the
+    variable and what it accepts."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return _WORKER_THREADS
+    if value.lower() == "keep":
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        raise ValueError(
+            f"{THREADS_ENV} must be a whole number of OpenCV threads per worker process "
+            f"(0 or 1: none besides the worker's own) or 'keep' (OpenCV's own pool); "
+            f"got {value!r}"
+        )
+    return threads
+
+
+def settle_threads() -> None:
+    """In a loader's worker process, once: limit OpenCV's thread pool to ``worker_threads()``
+    (1 unless ``SHARDLOADER_CV2_THREADS`` says otherwise). Each worker already keeps a core
+    busy; OpenCV's own pool (one thread per core) in every worker oversubscribes the cores
+    as soon as anything else runs. Thread workers and the training process are left as they
+    are: ``cv2.setNumThreads`` is process-wide, and that process is the user's."""
+    global _threads_settled
+    if _threads_settled or not in_worker_process():
+        return
+    threads = worker_threads()
+    if threads is not None:
+        loaded()[1].setNumThreads(threads)
+    _threads_settled = True
 
 
 def jpeg_size(data: Any) -> Optional[Tuple[int, int]]:
