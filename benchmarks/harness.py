@@ -243,8 +243,11 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
     pipeline), ``fused_per_sample`` (decode + crop in shardloader's fused image code, one
     process), ``jpeg_records`` (writes W5's records if they are missing) and ``jpeg_folder``
     (writes W7's class folders if they are missing) and ``placement`` (one cell of
-    :mod:`benchmarks.gpu`).
+    :mod:`benchmarks.gpu`). An ``env`` key (a dict) sets those environment variables in this
+    process first (e.g. ``SHARDLOADER_CV2_THREADS``, read by the loader's workers).
     """
+    case_dict = dict(case_dict)
+    os.environ.update(case_dict.pop("env", None) or {})
     if "task" in case_dict:
         kwargs = dict(case_dict)
         return _tasks()[kwargs.pop("task")](**kwargs)
