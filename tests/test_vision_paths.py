@@ -264,3 +264,69 @@ def test_thread_workers_and_no_workers_leave_opencv_as_the_user_set_it(rec, cv2_
     assert _threads_seen(rec, num_workers=2, thread_pool=True) == {3}
     assert _threads_seen(rec, num_workers=0) == {3}
     assert cv2_threads.getNumThreads() == 3
+
+
+# -- the Step contract ----------------------------------------------------------------------------
+
+
+def _gluon_samples():
+    """One instance of every Gluon transform ``recognise._RECOGNISED`` builds a step for."""
+    found = [
+        T.Resize(8),
+        T.CenterCrop(8),
+        T.RandomResizedCrop(8),
+        T.RandomFlipLeftRight(),
+        T.RandomFlipTopBottom(),
+    ]
+    optional = {
+        "CropResize": (0, 0, 4, 4),
+        "RandomBrightness": (0.1,),
+        "RandomContrast": (0.1,),
+        "RandomSaturation": (0.1,),
+        "RandomLighting": (0.1,),
+        "RandomColorJitter": (0.1, 0.1, 0.1),
+    }
+    found += [getattr(T, name)(*args) for name, args in optional.items() if hasattr(T, name)]
+    return found
+
+
+def _step_classes():
+    """Every class below ``StepBase``, and the class of every step ``_RECOGNISED`` builds."""
+    from shardloader.vision import _color, _ops, recognise  # noqa: F401 - define the steps
+    from shardloader.vision._step import StepBase
+
+    classes, todo = set(), [StepBase]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            classes.add(sub)
+            todo.append(sub)
+    built = {type(recognise._RECOGNISED[type(t)](t, 1)) for t in _gluon_samples()}
+    return classes | built
+
+
+def test_every_recognised_transform_has_a_sample_here():
+    from shardloader.vision import recognise
+
+    assert {type(t) for t in _gluon_samples()} == set(recognise._RECOGNISED)
+
+
+@pytest.mark.parametrize("cls", sorted(_step_classes(), key=lambda c: c.__name__))
+def test_every_image_step_keeps_the_step_contract(cls):
+    """Each member of ``_step.Step``: a bool attribute, or a method taking as many positional
+    parameters as the protocol's (the pipeline passes them by position); a new step that
+    misses one, or takes other arguments, fails here."""
+    import inspect
+
+    from shardloader.vision._step import Step
+
+    for name in Step.__annotations__:
+        assert isinstance(getattr(cls, name, None), bool), f"{cls.__name__}.{name}"
+    methods = [n for n, v in vars(Step).items() if inspect.isfunction(v) and n[0] != "_"]
+    assert {"draw", "size", "apply", "write_flip", "decode_floor", "apply_reduced"} <= set(methods)
+    for name in methods:
+        method = getattr(cls, name, None)
+        assert callable(method), f"{cls.__name__} has no {name}()"
+        want = list(inspect.signature(getattr(Step, name)).parameters)
+        got = list(inspect.signature(method).parameters)
+        assert len(got) == len(want), f"{cls.__name__}.{name}{tuple(got)}: Step says {tuple(want)}"
+        assert getattr(Step, name) is not method, f"{cls.__name__}.{name} is the protocol's stub"
