@@ -41,6 +41,8 @@ import threading
 import time
 from typing import Any, Dict, Iterator, Optional, Sequence
 
+from .harness import group_alive
+
 __all__ = ["BACKGROUNDS", "background"]
 
 BACKGROUNDS = ("none", "train", "loader")
@@ -150,7 +152,7 @@ def _stop(proc: subprocess.Popen, timeout_s: float) -> Dict[str, Any]:
         except subprocess.TimeoutExpired:
             killed = True
     # Whatever is left in its group (a worker that outlived its loader): killed too.
-    if killed or _group_alive(proc.pid):
+    if killed or group_alive(proc.pid, 2.0):
         killed = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -162,18 +164,6 @@ def _stop(proc: subprocess.Popen, timeout_s: float) -> Dict[str, Any]:
             report.update(json.loads(line))
     proc.stdout.close()
     return report
-
-
-def _group_alive(pgid: int, wait_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        if time.monotonic() >= deadline:
-            return True
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------ the background itself

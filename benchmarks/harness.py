@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["time_loader", "run_isolated"]
+__all__ = ["time_loader", "run_isolated", "group_alive"]
 
 _MB = 1024.0 * 1024.0
 _KILL_GRACE_S = 5.0
@@ -360,7 +360,7 @@ def run_isolated(
         result["foreign_cores"] = max(0.0, _busy_cpu_s() - cpu_before - result["tree_cpu_s"]) / wall
     if proc.is_alive() or "timed out" in str(result.get("error", "")):
         _kill_group(proc.pid)
-    elif _group_alive(proc.pid, _LEFTOVER_GRACE_S):
+    elif group_alive(proc.pid, _LEFTOVER_GRACE_S):
         # The run returned but left processes behind (workers that outlived their loader).
         result["leftover_processes"] = True
         _kill_group(proc.pid)
@@ -375,7 +375,8 @@ def _busy_cpu_s() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _group_alive(pgid: int, wait_s: float = 0.0) -> bool:
+def group_alive(pgid: int, wait_s: float = 0.0) -> bool:
+    """Whether process group ``pgid`` still has a process after waiting up to ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -393,7 +394,7 @@ def _kill_group(pgid: int) -> None:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        if not _group_alive(pgid, _KILL_GRACE_S):
+        if not group_alive(pgid, _KILL_GRACE_S):
             return
 
 
