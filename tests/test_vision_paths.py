@@ -239,24 +239,72 @@ def _threads_seen(rec, **options):
     return seen
 
 
-@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
-def test_a_worker_process_runs_opencv_on_one_thread_and_the_users_process_keeps_its_own(
-    rec, cv2_threads, start_method, no_leaks
-):
-    """Before, each worker kept OpenCV's pool (one thread per core, or what the training
-    process had set): with other work on the machine, the cores were oversubscribed."""
-    assert _threads_seen(rec, num_workers=2, start_method=start_method) == {1}
+_FORKED_PROGRAM = """
+import sys, cv2, numpy as np
+from mxnet.gluon.data.vision import transforms as T
+from shardloader import ShardedDataLoader, vision
+from shardloader.recordio import ImageRecordDataset
+from shardloader.vision._fused import FusedBatchify
+
+class Report(FusedBatchify):
+    def __call__(self, samples):
+        images = super().__call__(samples)[0]
+        return images, np.full(len(samples), cv2.getNumThreads(), np.int32)
+
+cv2.setNumThreads(3)
+chain = T.Compose([T.RandomResizedCrop(64), T.RandomFlipLeftRight(), T.ToTensor()])
+fusion = vision.fuse(ImageRecordDataset(sys.argv[1]).transform_first(chain))
+fused = fusion.batchify_fn
+report = Report(fused.pipeline, fused.rest_batchify)
+with ShardedDataLoader(fusion.dataset, 4, batchify_fn=report, num_workers=2) as loader:
+    seen = {int(t) for _, threads in loader for t in np.asarray(threads)}
+print(sorted(seen), cv2.getNumThreads())
+"""
+
+
+def test_a_forked_worker_runs_opencv_on_one_thread_and_the_users_process_keeps_its_own(rec):
+    """A training process that has not run OpenCV itself, as a fresh program: before, each
+    fork worker kept OpenCV's pool (here the 3 threads the program set), so with other work
+    on the machine the cores were oversubscribed."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_PROGRAM, rec], capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "[1] 3"
+
+
+def test_a_forkserver_worker_runs_opencv_on_one_thread(rec, cv2_threads, no_leaks):
+    assert _threads_seen(rec, num_workers=2, start_method="forkserver") == {1}
     assert cv2_threads.getNumThreads() == 3
 
 
+def test_a_worker_forked_after_opencvs_pool_ran_here_is_left_alone(rec, cv2_threads, no_leaks):
+    """OpenCV's pool threads are not forked: ``cv2.setNumThreads`` in such a worker waited for
+    them forever (every time, once this process's pool had run and gone idle). The worker
+    now leaves the pool alone; OpenCV runs its calls on the calling thread there."""
+    import time
+
+    cv2_threads.resize(np.zeros((2000, 2000), np.uint8), (1000, 1000))  # the pool runs here
+    time.sleep(0.2)  # and its threads go idle
+    assert _threads_seen(rec, num_workers=1, start_method="fork") == {3}
+
+
 def test_shardloader_cv2_threads_sets_the_workers_pool(rec, cv2_threads, monkeypatch, no_leaks):
-    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "2")
-    assert _threads_seen(rec, num_workers=1, start_method="fork") == {2}
-    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "keep")
-    assert _threads_seen(rec, num_workers=1, start_method="fork") == {3}  # inherited
-    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "many")
-    with pytest.raises(Exception, match="SHARDLOADER_CV2_THREADS must be .*got 'many'"):
-        _threads_seen(rec, num_workers=1, start_method="fork")
+    from shardloader.vision import _codecs
+
+    # spawn: a fresh process with this environment, whatever OpenCV has run in this one
+    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "5")  # not OpenCV's default (the cores)
+    assert _threads_seen(rec, num_workers=1, start_method="spawn") == {5}
+    for value, threads in (("", 1), (" 0 ", 0), ("4", 4), ("keep", None), ("KEEP", None)):
+        monkeypatch.setenv("SHARDLOADER_CV2_THREADS", value)
+        assert _codecs.worker_threads() == threads
+    for value in ("many", "-1", "1.5"):
+        monkeypatch.setenv("SHARDLOADER_CV2_THREADS", value)
+        with pytest.raises(ValueError, match=f"SHARDLOADER_CV2_THREADS must be .*got '{value}'"):
+            _codecs.worker_threads()
 
 
 def test_thread_workers_and_no_workers_leave_opencv_as_the_user_set_it(rec, cv2_threads):

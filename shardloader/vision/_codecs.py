@@ -89,14 +89,37 @@ def settle_threads() -> None:
     (1 unless ``SHARDLOADER_CV2_THREADS`` says otherwise). Each worker already keeps a core
     busy; OpenCV's own pool (one thread per core) in every worker oversubscribes the cores
     as soon as anything else runs. Thread workers and the training process are left as they
-    are: ``cv2.setNumThreads`` is process-wide, and that process is the user's."""
+    are: ``cv2.setNumThreads`` is process-wide, and that process is the user's.
+
+    A worker forked from a process whose pool had run already must not touch it: the pool's
+    threads were not forked, and ``cv2.setNumThreads`` would wait for them forever. OpenCV
+    then runs that worker's calls on the calling thread. So a first parallel call shows
+    which case this is: set the count only if that call started threads of this process."""
     global _threads_settled
     if _threads_settled or not in_worker_process():
         return
     threads = worker_threads()
-    if threads is not None:
+    if threads is not None and _starts_own_pool(loaded()[1]):
         loaded()[1].setNumThreads(threads)
     _threads_settled = True
+
+
+def _thread_count() -> Optional[int]:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: no way to tell, so OpenCV's pool is left as it is
+        return None
+
+
+def _starts_own_pool(cv2: Any) -> bool:
+    """Whether a parallel OpenCV call (a resize large enough to split over the pool) started
+    threads in this process: then the pool is this process's own, safe to reconfigure."""
+    before = _thread_count()
+    if before is None or cv2.getNumThreads() <= 1:
+        return False
+    cv2.resize(np.zeros((2000, 2000), np.uint8), (1000, 1000))
+    after = _thread_count()
+    return after is not None and after > before
 
 
 def jpeg_size(data: Any) -> Optional[Tuple[int, int]]:
