@@ -195,6 +195,7 @@ def _steps(name: str, rec: Optional[str], folder: Optional[str]) -> Iterator[Non
 
 def _train() -> Iterator[None]:
     import mxnet as mx
+    import numpy as np
     from mxnet import autograd, gluon
 
     net = gluon.nn.HybridSequential()
@@ -205,8 +206,11 @@ def _train() -> Iterator[None]:
     net.hybridize()
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01})
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    data = mx.nd.random.uniform(shape=(TRAIN_BATCH, *TRAIN_SHAPE))
-    label = mx.nd.array([i % 10 for i in range(TRAIN_BATCH)])
+    from .workloads import mxnet_2
+
+    arrays = mx.np if mxnet_2() else mx.nd  # Gluon 2.x blocks take mxnet.numpy arrays
+    data = arrays.array(np.random.default_rng(0).random((TRAIN_BATCH, *TRAIN_SHAPE), np.float32))
+    label = arrays.array(np.arange(TRAIN_BATCH) % 10)
     while True:
         with autograd.record():
             loss = loss_fn(net(data), label)
