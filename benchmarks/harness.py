@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["time_loader", "run_isolated"]
+__all__ = ["time_loader", "run_isolated", "group_alive"]
 
 _MB = 1024.0 * 1024.0
 _KILL_GRACE_S = 5.0
@@ -243,8 +243,11 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
     pipeline), ``fused_per_sample`` (decode + crop in shardloader's fused image code, one
     process), ``jpeg_records`` (writes W5's records if they are missing) and ``jpeg_folder``
     (writes W7's class folders if they are missing) and ``placement`` (one cell of
-    :mod:`benchmarks.gpu`).
+    :mod:`benchmarks.gpu`). An ``env`` key (a dict) sets those environment variables in this
+    process first (e.g. ``SHARDLOADER_CV2_THREADS``, read by the loader's workers).
     """
+    case_dict = dict(case_dict)
+    os.environ.update(case_dict.pop("env", None) or {})
     if "task" in case_dict:
         kwargs = dict(case_dict)
         return _tasks()[kwargs.pop("task")](**kwargs)
@@ -357,7 +360,7 @@ def run_isolated(
         result["foreign_cores"] = max(0.0, _busy_cpu_s() - cpu_before - result["tree_cpu_s"]) / wall
     if proc.is_alive() or "timed out" in str(result.get("error", "")):
         _kill_group(proc.pid)
-    elif _group_alive(proc.pid, _LEFTOVER_GRACE_S):
+    elif group_alive(proc.pid, _LEFTOVER_GRACE_S):
         # The run returned but left processes behind (workers that outlived their loader).
         result["leftover_processes"] = True
         _kill_group(proc.pid)
@@ -372,7 +375,8 @@ def _busy_cpu_s() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
-def _group_alive(pgid: int, wait_s: float = 0.0) -> bool:
+def group_alive(pgid: int, wait_s: float = 0.0) -> bool:
+    """Whether process group ``pgid`` still has a process after waiting up to ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -390,7 +394,7 @@ def _kill_group(pgid: int) -> None:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
             return
-        if not _group_alive(pgid, _KILL_GRACE_S):
+        if not group_alive(pgid, _KILL_GRACE_S):
             return
 
 

@@ -94,7 +94,17 @@ _NOT_FUSED = {
 _IGNORED = ("verbose", "prefetch_buffer", "fill_value", "shuffle_chunk_size", "device_id")
 _DATAITER = ("provide_data", "provide_label", "reset", "iter_next", "getdata", "getlabel",
              "getpad", "getindex", "next")  # fmt: skip
-_DTYPES = ("float32", "float16", "float64", "uint8")
+# ImageRecordIter's own (MXNet 1.9.1): float32, uint8, int8; it refuses the others ("unknown
+# dtype for ImageRecordIter2"). float16 and float64 are shardloader's (Gluon's Cast).
+_DTYPES = ("float32", "float16", "float64", "uint8", "int8")
+
+
+def _int8_table(mean: Sequence[float], channels: int) -> np.ndarray:
+    """ImageRecordIter's ``dtype='int8'``: each pixel less its channel's mean, rounded and
+    saturated to -128..127; the std is not applied (measured against its batches)."""
+    values = np.arange(256, dtype=np.float32)[None, :]
+    means = np.resize(np.asarray(mean, np.float32), channels)[:, None]
+    return np.clip(np.rint(values - means), -128, 127).astype(np.float32)
 
 
 def _takes() -> List[str]:
@@ -159,7 +169,10 @@ def _threads(name: str, value: Any) -> int:
 
 def _dtype(name: str, value: Any) -> Optional[str]:
     if value is not None and value not in _DTYPES:
-        raise ValueError(f"{name} must be one of {_DTYPES} or None, got {value!r}")
+        raise ValueError(
+            f"{name} must be one of {_DTYPES} or None, got {value!r} (ImageRecordIter itself "
+            f"takes float32, uint8 and int8)"
+        )
     return value
 
 
@@ -323,8 +336,10 @@ class ImageRecordLoader(ShardedDataLoader):
         ``last_batch`` decides (Gluon's ``'keep'``). ``dataiter()`` always pads.
     data_name, label_name : str, default 'data', 'softmax_label'
         The names ``dataiter()`` gives the fields.
-    dtype : {'float32', 'float16', 'float64', 'uint8'}, optional
-        The batch's dtype; ``'uint8'`` gives the pixels, not normalised (as ImageRecordIter).
+    dtype : {'float32', 'float16', 'float64', 'uint8', 'int8'}, optional
+        The batch's dtype; ``'uint8'`` gives the pixels, not normalised, and ``'int8'`` the
+        pixels less the mean, rounded and saturated, the std not applied (both as
+        ImageRecordIter).
     output : {'float32', 'uint8', 'device'}, default 'float32'
         ``'uint8'`` leaves normalisation to ``shardloader.vision.normalize``. ``'device'``
         moves uint8 (4x fewer bytes) and normalises each batch after it is placed (on
@@ -409,6 +424,8 @@ class ImageRecordLoader(ShardedDataLoader):
             lighting=o.pca_noise,
             crop_draws="image_record_iter",
         )
+        if o.dtype == "int8":
+            self.pipeline.lut = _int8_table(self.pipeline.mean, self.pipeline.channels)
         if o.output == "device":  # the loader's pipeline normalises each placed batch
             self.pipeline.on_device = PlacedNormalize(
                 self.pipeline.mean, self.pipeline.std, pixel_units=True

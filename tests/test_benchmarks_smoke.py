@@ -688,3 +688,63 @@ def test_run_measures_the_folder_workload_end_to_end(tmp_path, capsys, fonts_loa
     assert {r["loader"] for r in saved["runs"]} == {"gluon", "ours"}
     assert all("error" not in r["result"] for r in saved["runs"])
     assert len(os.listdir(tmp_path / "data" / "w7-jpeg-256-v1")) == 16
+
+
+# ---------------------------------------------------------------------------- issue 31, item 6
+@pytest.mark.timeout(120)
+def test_backgrounds_reach_their_steady_state_and_leave_nothing_behind(jpeg_rec):
+    """``background(name)``: the training step and the second loader start, run in their own
+    process group (the loader with its 2 workers), stop on leaving the block with their
+    rate, and leave no process (``no_leaks``)."""
+    import psutil
+
+    from benchmarks.background import background
+
+    gpu = "one of \\('none', 'train', 'loader'\\), got 'gpu'"
+    with pytest.raises(ValueError, match=gpu), background("gpu"):
+        pass
+    with pytest.raises(ValueError, match="one of rec= or folder="), background("loader"):
+        pass
+    with background("none") as info:
+        assert info["what"] == "nothing"
+    for name, workers in (("train", 0), ("loader", 2)):
+        with background(name, rec=jpeg_rec) as info:
+            process = psutil.Process(info["pid"])
+            assert os.getpgid(process.pid) == process.pid  # its own group
+            assert len(process.children()) == workers
+        assert (info["exit_code"], info["killed"]) == (0, False), info
+        assert info["steps"] >= 0 and info["seconds"] > 0
+        assert not process.is_running()
+
+
+def test_busy_pairs_each_round_and_tabulates_the_ratios():
+    """``benchmarks.busy``: a ratio per round (ours over ImageRecordIter in the same round),
+    their median and spread; a failed run drops its round's pair only."""
+    from benchmarks import busy
+
+    rates = {
+        0: {"ours": 600.0, "recorditer": 300.0, "ours-cv2pool": 400.0},
+        1: {"ours": 500.0, "recorditer": 200.0, "ours-cv2pool": 250.0},
+        2: {"ours": 450.0, "recorditer": 300.0, "ours-cv2pool": 300.0},
+        3: {"ours": 900.0, "ours-cv2pool": 300.0},  # recorditer failed in this round
+    }
+    runs = [
+        {"round": r, "loader": loader, "samples_per_s": rate}
+        for r, by in rates.items()
+        for loader, rate in by.items()
+    ]
+    runs.append({"round": 3, "loader": "recorditer", "error": "timed out"})
+    loaders = ["ours", "recorditer", "ours-cv2pool"]
+    summary = busy.summarise(runs, loaders)
+    assert summary["ours"]["ratios"] == [2.0, 2.5, 1.5]
+    assert (summary["ours"]["ratio"], summary["ours"]["ratio_min"]) == (2.0, 1.5)
+    assert summary["cv2_one_thread_gain"]["gains"] == [1.5, 2.0, 1.5, 3.0]
+    row = {
+        "background": "train",
+        "summary": summary,
+        "loadavg_before": (3.0, 2.0, 1.0),
+        "loadavg_after": (4.0, 2.0, 1.0),
+        "background_steps_per_s": 2.5,
+    }
+    table = busy.table([row], loaders)
+    assert "| train | 550 | 300 | 2.00× | 1.50–2.50 | 1.25× | 1.75× | 3.00 / 4.00 | 2.50 |" in table

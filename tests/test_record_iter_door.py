@@ -152,6 +152,8 @@ def test_parts_are_contiguous_and_cover_the_file_as_image_record_iters(recs):
             data_shape=(3, 32, 32), mean_r=124, mean_g=117, mean_b=104, std_r=58, std_g=57, std_b=57
         ),  # fmt: skip
         dict(data_shape=(3, 32, 32), dtype="uint8"),
+        dict(data_shape=(3, 32, 32), dtype="int8"),  # saturates: 127 for pixels above
+        dict(data_shape=(3, 32, 32), dtype="int8", mean_r=124, mean_g=117, mean_b=104, std_r=58),
     ],
 )
 def test_deterministic_pixels_agree(recs, kwargs):
@@ -159,7 +161,8 @@ def test_deterministic_pixels_agree(recs, kwargs):
     assert ours.provide_data == theirs.provide_data
     for (x, _, _), (u, _, _) in zip(epochs(theirs, 1)[0], epochs(ours, 1)[0]):
         assert u.dtype == x.dtype
-        level = 1.0 / kwargs.get("std_r", 1.0)  # one uint8 level, in the output's units
+        # one uint8 level, in the output's units (int8 does not apply the std)
+        level = 1.0 if kwargs.get("dtype") == "int8" else 1.0 / kwargs.get("std_r", 1.0)
         diff = np.abs(u.astype(np.float32) - x.astype(np.float32))
         assert diff.max() <= level + 1e-4 and diff.mean() < 0.05 * level
 
@@ -255,7 +258,7 @@ def test_rand_crop_and_rand_mirror_draw_as_image_record_iter(recs):
         (dict(random_resized_crop=True, max_aspect_ratio=4 / 3), ValueError,
          "give min_aspect_ratio= too"),
         (dict(rand_crop=True, random_resized_crop=True), ValueError, "conflicts with rand_crop"),
-        (dict(dtype="int8"), ValueError, "dtype must be one of"),
+        (dict(dtype="int32"), ValueError, "ImageRecordIter itself takes float32, uint8 and int8"),
         (dict(inter_method=10), ValueError, "10, a random method per image, is not fused"),
     ],
 )  # fmt: skip

@@ -15,6 +15,7 @@ from test_vision_fidelity import MEAN, STD, pil_jpeg, smooth_image, write_rec
 
 from shardloader import ShardedDataLoader, batchify, vision
 from shardloader._engine.ipc import slots
+from shardloader.vision._fused import FusedBatchify
 
 pytestmark = [
     pytest.mark.timeout(120),
@@ -194,3 +195,186 @@ def test_a_gluoncv_style_subclass_overriding_getitem_keeps_the_exact_path(imagen
             "exact: the dataset (MyImageFolderDataset) is a subclass of ImageFolderDataset "
             "that overrides MyImageFolderDataset.__getitem__, which the fused path replaces"
         )
+
+
+# -- OpenCV's threads in the workers --------------------------------------------------------------
+
+
+class _ReportThreads(FusedBatchify):
+    """The fused batchify function, which also gives ``cv2.getNumThreads()`` in the process
+    that made the batch, read after the fused step ran there."""
+
+    def __call__(self, samples):
+        import cv2
+
+        images = super().__call__(samples)[0]
+        return images, np.full(len(samples), cv2.getNumThreads(), np.int32)
+
+
+@pytest.fixture
+def cv2_threads():
+    """OpenCV set to 3 threads in this process (not 1, whatever the cores), restored after."""
+    import cv2
+
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(3)
+    yield cv2
+    cv2.setNumThreads(before)
+
+
+def _threads_seen(rec, **options):
+    from shardloader.recordio import ImageRecordDataset
+
+    fusion = vision.fuse(ImageRecordDataset(rec).transform_first(chain()))
+    assert fusion.path == "fused"
+    fused = fusion.batchify_fn
+    with ShardedDataLoader(
+        fusion.dataset,
+        4,
+        batchify_fn=_ReportThreads(fused.pipeline, fused.rest_batchify),
+        seed=0,
+        **options,
+    ) as loader:
+        seen = {int(t) for _, threads in loader for t in np.asarray(threads)}
+    return seen
+
+
+_FORKED_PROGRAM = """
+import sys, cv2, numpy as np
+from mxnet.gluon.data.vision import transforms as T
+from shardloader import ShardedDataLoader, vision
+from shardloader.recordio import ImageRecordDataset
+from shardloader.vision._fused import FusedBatchify
+
+class Report(FusedBatchify):
+    def __call__(self, samples):
+        images = super().__call__(samples)[0]
+        return images, np.full(len(samples), cv2.getNumThreads(), np.int32)
+
+cv2.setNumThreads(3)
+chain = T.Compose([T.RandomResizedCrop(64), T.RandomFlipLeftRight(), T.ToTensor()])
+fusion = vision.fuse(ImageRecordDataset(sys.argv[1]).transform_first(chain))
+fused = fusion.batchify_fn
+report = Report(fused.pipeline, fused.rest_batchify)
+with ShardedDataLoader(fusion.dataset, 4, batchify_fn=report, num_workers=2) as loader:
+    seen = {int(t) for _, threads in loader for t in np.asarray(threads)}
+print(sorted(seen), cv2.getNumThreads())
+"""
+
+
+def test_a_forked_worker_runs_opencv_on_one_thread_and_the_users_process_keeps_its_own(rec):
+    """A training process that has not run OpenCV itself, as a fresh program: before, each
+    fork worker kept OpenCV's pool (here the 3 threads the program set), so with other work
+    on the machine the cores were oversubscribed."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_PROGRAM, rec], capture_output=True, text=True, timeout=90
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "[1] 3"
+
+
+def test_a_forkserver_worker_runs_opencv_on_one_thread(rec, cv2_threads, no_leaks):
+    assert _threads_seen(rec, num_workers=2, start_method="forkserver") == {1}
+    assert cv2_threads.getNumThreads() == 3
+
+
+def test_a_worker_forked_after_opencvs_pool_ran_here_is_left_alone(rec, cv2_threads, no_leaks):
+    """OpenCV's pool threads are not forked: ``cv2.setNumThreads`` in such a worker waited for
+    them forever (every time, once this process's pool had run and gone idle). The worker
+    now leaves the pool alone; OpenCV runs its calls on the calling thread there."""
+    import time
+
+    cv2_threads.resize(np.zeros((2000, 2000), np.uint8), (1000, 1000))  # the pool runs here
+    time.sleep(0.2)  # and its threads go idle
+    assert _threads_seen(rec, num_workers=1, start_method="fork") == {3}
+
+
+def test_shardloader_cv2_threads_sets_the_workers_pool(rec, cv2_threads, monkeypatch, no_leaks):
+    from shardloader.vision import _codecs
+
+    # spawn: a fresh process with this environment, whatever OpenCV has run in this one
+    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "5")  # not OpenCV's default (the cores)
+    assert _threads_seen(rec, num_workers=1, start_method="spawn") == {5}
+    for value, threads in (("", 1), (" 0 ", 0), ("4", 4), ("keep", None), ("KEEP", None)):
+        monkeypatch.setenv("SHARDLOADER_CV2_THREADS", value)
+        assert _codecs.worker_threads() == threads
+    for value in ("many", "-1", "1.5"):
+        monkeypatch.setenv("SHARDLOADER_CV2_THREADS", value)
+        with pytest.raises(ValueError, match=f"SHARDLOADER_CV2_THREADS must be .*got '{value}'"):
+            _codecs.worker_threads()
+
+
+def test_thread_workers_and_no_workers_leave_opencv_as_the_user_set_it(rec, cv2_threads):
+    """``cv2.setNumThreads`` is process-wide: in thread workers it would be the user's."""
+    assert _threads_seen(rec, num_workers=2, thread_pool=True) == {3}
+    assert _threads_seen(rec, num_workers=0) == {3}
+    assert cv2_threads.getNumThreads() == 3
+
+
+# -- the Step contract ----------------------------------------------------------------------------
+
+
+def _gluon_samples():
+    """One instance of every Gluon transform ``recognise._RECOGNISED`` builds a step for."""
+    found = [
+        T.Resize(8),
+        T.CenterCrop(8),
+        T.RandomResizedCrop(8),
+        T.RandomFlipLeftRight(),
+        T.RandomFlipTopBottom(),
+    ]
+    optional = {
+        "CropResize": (0, 0, 4, 4),
+        "RandomBrightness": (0.1,),
+        "RandomContrast": (0.1,),
+        "RandomSaturation": (0.1,),
+        "RandomLighting": (0.1,),
+        "RandomColorJitter": (0.1, 0.1, 0.1),
+    }
+    found += [getattr(T, name)(*args) for name, args in optional.items() if hasattr(T, name)]
+    return found
+
+
+def _step_classes():
+    """Every class below ``StepBase``, and the class of every step ``_RECOGNISED`` builds."""
+    from shardloader.vision import _color, _ops, recognise  # noqa: F401 - define the steps
+    from shardloader.vision._step import StepBase
+
+    classes, todo = set(), [StepBase]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            classes.add(sub)
+            todo.append(sub)
+    built = {type(recognise._RECOGNISED[type(t)](t, 1)) for t in _gluon_samples()}
+    return classes | built
+
+
+def test_every_recognised_transform_has_a_sample_here():
+    from shardloader.vision import recognise
+
+    assert {type(t) for t in _gluon_samples()} == set(recognise._RECOGNISED)
+
+
+@pytest.mark.parametrize("cls", sorted(_step_classes(), key=lambda c: c.__name__))
+def test_every_image_step_keeps_the_step_contract(cls):
+    """Each member of ``_step.Step``: a bool attribute, or a method taking as many positional
+    parameters as the protocol's (the pipeline passes them by position); a new step that
+    misses one, or takes other arguments, fails here."""
+    import inspect
+
+    from shardloader.vision._step import Step
+
+    for name in Step.__annotations__:
+        assert isinstance(getattr(cls, name, None), bool), f"{cls.__name__}.{name}"
+    methods = [n for n, v in vars(Step).items() if inspect.isfunction(v) and n[0] != "_"]
+    assert {"draw", "size", "apply", "write_flip", "decode_floor", "apply_reduced"} <= set(methods)
+    for name in methods:
+        method = getattr(cls, name, None)
+        assert callable(method), f"{cls.__name__} has no {name}()"
+        want = list(inspect.signature(getattr(Step, name)).parameters)
+        got = list(inspect.signature(method).parameters)
+        assert len(got) == len(want), f"{cls.__name__}.{name}{tuple(got)}: Step says {tuple(want)}"
+        assert getattr(Step, name) is not method, f"{cls.__name__}.{name} is the protocol's stub"

@@ -85,6 +85,14 @@ class WorkerInfo(NamedTuple):
 
 
 _info = threading.local()
+_process_worker = False  # set in a worker process by process_worker_main
+
+
+def in_worker_process() -> bool:
+    """Whether this process is one of a loader's worker processes (not a thread worker, not
+    the training process): a layer above may then set process-wide settings, such as a
+    codec's thread pool, that must not change in the user's process."""
+    return _process_worker
 
 
 def get_worker_info() -> Optional[WorkerInfo]:
@@ -352,6 +360,8 @@ def _receive_payload(conn) -> Payload:
 
 def process_worker_main(setup: ProcessSetup, conn) -> None:
     """Entry point of a worker process (messages: ``protocol``)."""
+    global _process_worker
+    _process_worker = True
     # Ctrl-C belongs to the main process, which shuts the workers down itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     info = setup.info

@@ -7,10 +7,12 @@ one module that imports them, lazily, so ``import shardloader.vision`` works wit
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from .._engine.worker import in_worker_process
 from .._extras import install_hint, missing_extra
 from ..recordio import _imagesize
 
@@ -20,6 +22,11 @@ INSTALL_HINT = install_hint("vision")
 _UNFUSED_COLORSPACES = ("CMYK", "YCCK")
 
 _modules: Optional[Tuple[Any, Any]] = None
+
+# OpenCV's threads in each worker process (docs/vision.md, "Threads in the workers").
+THREADS_ENV = "SHARDLOADER_CV2_THREADS"
+_WORKER_THREADS = 1
+_threads_settled = False
 
 
 def modules() -> Optional[Tuple[Any, Any]]:
@@ -53,6 +60,66 @@ def available() -> bool:
         every loader then takes the exact path, as it would without this package.
     """
     return modules() is not None
+
+
+def worker_threads() -> Optional[int]:
+    """The ``cv2.setNumThreads`` value for worker processes: ``SHARDLOADER_CV2_THREADS`` if
+    set (``keep``: OpenCV's own choice, ``None``), else 1. A ``ValueError`` names the
+    variable and what it accepts."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return _WORKER_THREADS
+    if value.lower() == "keep":
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = -1
+    if threads < 0:
+        raise ValueError(
+            f"{THREADS_ENV} must be a whole number of OpenCV threads per worker process "
+            f"(0 or 1: none besides the worker's own) or 'keep' (OpenCV's own pool); "
+            f"got {value!r}"
+        )
+    return threads
+
+
+def settle_threads() -> None:
+    """In a loader's worker process, once: limit OpenCV's thread pool to ``worker_threads()``
+    (1 unless ``SHARDLOADER_CV2_THREADS`` says otherwise). Each worker already keeps a core
+    busy; OpenCV's own pool (one thread per core) in every worker oversubscribes the cores
+    as soon as anything else runs. Thread workers and the training process are left as they
+    are: ``cv2.setNumThreads`` is process-wide, and that process is the user's.
+
+    A worker forked from a process whose pool had run already must not touch it: the pool's
+    threads were not forked, and ``cv2.setNumThreads`` would wait for them forever. OpenCV
+    then runs that worker's calls on the calling thread. So a first parallel call shows
+    which case this is: set the count only if that call started threads of this process."""
+    global _threads_settled
+    if _threads_settled or not in_worker_process():
+        return
+    threads = worker_threads()
+    if threads is not None and _starts_own_pool(loaded()[1]):
+        loaded()[1].setNumThreads(threads)
+    _threads_settled = True
+
+
+def _thread_count() -> Optional[int]:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # not Linux: no way to tell, so OpenCV's pool is left as it is
+        return None
+
+
+def _starts_own_pool(cv2: Any) -> bool:
+    """Whether a parallel OpenCV call (a resize large enough to split over the pool) started
+    threads in this process: then the pool is this process's own, safe to reconfigure."""
+    before = _thread_count()
+    if before is None or cv2.getNumThreads() <= 1:
+        return False
+    cv2.resize(np.zeros((2000, 2000), np.uint8), (1000, 1000))
+    after = _thread_count()
+    return after is not None and after > before
 
 
 def jpeg_size(data: Any) -> Optional[Tuple[int, int]]:

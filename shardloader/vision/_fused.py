@@ -136,6 +136,7 @@ class FusedBatchify:
         return _batchify.is_native(self.rest_batchify)
 
     def __call__(self, samples: Sequence[Any]) -> Any:
+        _codecs.settle_threads()  # in a worker process, OpenCV's pool to one thread
         if isinstance(samples[0], Pending):
             return self.images(samples)
         images = self.images([sample[0] for sample in samples])
