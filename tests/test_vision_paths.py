@@ -281,15 +281,20 @@ def test_a_forkserver_worker_runs_opencv_on_one_thread(rec, cv2_threads, no_leak
     assert cv2_threads.getNumThreads() == 3
 
 
-def test_a_worker_forked_after_opencvs_pool_ran_here_is_left_alone(rec, cv2_threads, no_leaks):
-    """OpenCV's pool threads are not forked: ``cv2.setNumThreads`` in such a worker waited for
-    them forever (every time, once this process's pool had run and gone idle). The worker
-    now leaves the pool alone; OpenCV runs its calls on the calling thread there."""
+def test_a_worker_forked_after_opencvs_pool_ran_here_gets_one_thread_from_the_parent(
+    rec, cv2_threads, no_leaks
+):
+    """OpenCV's pool threads are not forked: ``cv2.setNumThreads`` in a worker forked once this
+    process's pool had run waited for them forever. So the parent sets its own pool to one
+    thread just before it forks a worker, and back just after: the worker gets one thread
+    and never touches the pool, and this process keeps its 3, fork after fork."""
     import time
 
-    cv2_threads.resize(np.zeros((2000, 2000), np.uint8), (1000, 1000))  # the pool runs here
-    time.sleep(0.2)  # and its threads go idle
-    assert _threads_seen(rec, num_workers=1, start_method="fork") == {3}
+    for _ in range(2):
+        cv2_threads.resize(np.zeros((2000, 2000), np.uint8), (1000, 1000))  # the pool runs here
+        time.sleep(0.2)  # and its threads go idle
+        assert _threads_seen(rec, num_workers=2, start_method="fork") == {1}
+        assert cv2_threads.getNumThreads() == 3
 
 
 def test_shardloader_cv2_threads_sets_the_workers_pool(rec, cv2_threads, monkeypatch, no_leaks):

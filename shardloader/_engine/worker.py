@@ -88,6 +88,26 @@ _info = threading.local()
 _process_worker = False  # set in a worker process by process_worker_main
 
 
+_launching = threading.local()
+
+
+class launching_worker_process:
+    """Around ``Process.start()`` of a loader's worker (``pools.lifecycle.launch``): while it
+    runs, ``launching_worker()`` is true on this thread, so a layer above's
+    ``os.register_at_fork`` handlers can tell a loader's worker from any other fork."""
+
+    def __enter__(self) -> None:
+        _launching.on = True
+
+    def __exit__(self, *exc: Any) -> None:
+        _launching.on = False
+
+
+def launching_worker() -> bool:
+    """Whether this thread is starting one of a loader's worker processes (see above)."""
+    return getattr(_launching, "on", False)
+
+
 def in_worker_process() -> bool:
     """Whether this process is one of a loader's worker processes (not a thread worker, not
     the training process): a layer above may then set process-wide settings, such as a

@@ -8,11 +8,12 @@ one module that imports them, lazily, so ``import shardloader.vision`` works wit
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .._engine.worker import in_worker_process
+from .._engine.worker import in_worker_process, launching_worker
 from .._extras import install_hint, missing_extra
 from ..recordio import _imagesize
 
@@ -91,35 +92,57 @@ def settle_threads() -> None:
     as soon as anything else runs. Thread workers and the training process are left as they
     are: ``cv2.setNumThreads`` is process-wide, and that process is the user's.
 
-    A worker forked from a process whose pool had run already must not touch it: the pool's
-    threads were not forked, and ``cv2.setNumThreads`` would wait for them forever. OpenCV
-    then runs that worker's calls on the calling thread. So a first parallel call shows
-    which case this is: set the count only if that call started threads of this process."""
+    Only a pool that has never run in this process is reconfigured here (a spawned worker,
+    a forkserver's, or one forked before OpenCV was imported). A forked worker must never
+    touch a pool it inherited: the pool's threads were not forked, and ``cv2.setNumThreads``
+    or a parallel call there can wait for them forever. Such a worker got its one thread
+    from ``_before_fork`` instead, in the parent, just before the fork."""
     global _threads_settled
     if _threads_settled or not in_worker_process():
         return
-    threads = worker_threads()
-    if threads is not None and _starts_own_pool(loaded()[1]):
-        loaded()[1].setNumThreads(threads)
     _threads_settled = True
+    threads = worker_threads()
+    if threads is not None:
+        loaded()[1].setNumThreads(threads)
 
 
-def _thread_count() -> Optional[int]:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:  # not Linux: no way to tell, so OpenCV's pool is left as it is
-        return None
+# Under fork, the parent sets its own pool to one thread just before it forks a loader's
+# worker, and back just after: the worker then inherits a pool with no threads, and never
+# reconfigures it. The parent's previous count, while a worker is being forked.
+_count_before_fork: Optional[int] = None
 
 
-def _starts_own_pool(cv2: Any) -> bool:
-    """Whether a parallel OpenCV call (a resize large enough to split over the pool) started
-    threads in this process: then the pool is this process's own, safe to reconfigure."""
-    before = _thread_count()
-    if before is None or cv2.getNumThreads() <= 1:
-        return False
-    cv2.resize(np.zeros((2000, 2000), np.uint8), (1000, 1000))
-    after = _thread_count()
-    return after is not None and after > before
+def _before_fork() -> None:
+    global _count_before_fork
+    cv2, threads = sys.modules.get("cv2"), worker_threads()
+    # Without OpenCV here yet the worker's pool is new, and settle_threads sets it there. A
+    # count above one cannot be inherited safely (a pool of threads that are not forked).
+    if cv2 is None or not launching_worker() or threads is None or threads > 1:
+        return
+    _count_before_fork = cv2.getNumThreads()
+    cv2.setNumThreads(threads)
+
+
+def _after_fork_in_parent() -> None:
+    global _count_before_fork
+    if _count_before_fork is not None:
+        sys.modules["cv2"].setNumThreads(_count_before_fork)
+        _count_before_fork = None
+
+
+def _after_fork_in_child() -> None:
+    global _count_before_fork, _threads_settled
+    # A pool inherited from a process that had imported OpenCV is never touched again: set
+    # by _before_fork, or of unknown state. Without OpenCV, the first one here is new.
+    _threads_settled = "cv2" in sys.modules
+    _count_before_fork = None
+
+
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 
 
 def jpeg_size(data: Any) -> Optional[Tuple[int, int]]:

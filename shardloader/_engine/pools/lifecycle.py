@@ -37,6 +37,7 @@ from ..._errors import LoaderTimeoutError
 from .. import protocol, timing
 from ..ipc.sides import MainSide
 from ..protocol import Failed
+from ..worker import launching_worker_process
 from .base import finalizing
 
 __all__ = [
@@ -106,7 +107,8 @@ def launch(
         daemon=True,
     )
     try:
-        process.start()
+        with launching_worker_process():
+            process.start()
     except BaseException:
         parent_conn.close()
         child_conn.close()
