@@ -16,6 +16,9 @@ import mxnet as mx
 import psutil
 import pytest
 
+# The scenario wall-time table, printed with the summary: a pytest hook of this conftest.
+from _scenario_times import SCENARIO_TIMES, pytest_terminal_summary  # noqa: F401
+
 from shardloader._engine.ipc import lease
 from shardloader._engine.ipc.slots import SLOT_MEMFD_PATH
 
@@ -73,22 +76,6 @@ def pytest_configure(config):
 def pytest_report_header(config):
     mode = "numpy semantics (mx.np) by default" if MX2 else "legacy mx.nd by default"
     return f"mxnet {mx.__version__}: {mode}"
-
-
-# (case, wall time in s, outcome) of each scenario program run (tests/test_scenarios.py).
-SCENARIO_TIMES = pytest.StashKey[list]()
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    # After every test, with the summary: printed between the dots, the table made the run
-    # look finished. Not with -q.
-    times = config.stash.get(SCENARIO_TIMES, None)
-    if not times or config.option.verbose < 0:
-        return
-    terminalreporter.write_sep("-", "scenario wall times")
-    for name, wall, outcome in times:
-        terminalreporter.write_line(f"{name:50s} {wall:6.1f} s  {outcome}")
-    terminalreporter.write_line(f"{'total':50s} {sum(t for _, t, _ in times):6.1f} s")
 
 
 @contextmanager
