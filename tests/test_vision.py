@@ -222,11 +222,8 @@ def test_seeded_batches_are_the_same_in_every_worker_kind(rec, backend):
             )
         )
 
-    # One spawned worker: each spends seconds importing MXNet, and two workers' batches are
-    # put in order the same way whatever started them, as the fork case checks.
-    kind = dict(num_workers=1, start_method="spawn") if backend == "spawn" else BACKENDS[backend]
     inline = run(num_workers=0)
-    for other in (run(**kind), run(num_workers=1)):
+    for other in (run(**BACKENDS[backend]), run(num_workers=1)):
         for a, b in zip(inline, other):
             np.testing.assert_array_equal(a[0], b[0])
             np.testing.assert_array_equal(a[1], b[1])
