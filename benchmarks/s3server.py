@@ -144,6 +144,7 @@ class Weed:
             return ""
 
     def stop(self) -> None:
+        """Ends it as asked (SIGTERM): weed shuts down gracefully, in about 2 s."""
         process, self.process = self.process, None  # type: ignore[assignment]
         if process is None or process.poll() is not None:
             return
@@ -153,3 +154,12 @@ class Weed:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+    def kill(self) -> None:
+        """Ends it at once (SIGKILL), as a crash or a lost machine would; what the tests do
+        with a server whose data they no longer need, without stop's 2 s of shutdown."""
+        process, self.process = self.process, None  # type: ignore[assignment]
+        if process is None or process.poll() is not None:
+            return
+        process.kill()
+        process.wait(timeout=10)

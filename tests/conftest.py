@@ -16,6 +16,9 @@ import mxnet as mx
 import psutil
 import pytest
 
+# The scenario wall-time table, printed with the summary: a pytest hook of this conftest.
+from _scenario_times import SCENARIO_TIMES, pytest_terminal_summary  # noqa: F401
+
 from shardloader._engine.ipc import lease
 from shardloader._engine.ipc.slots import SLOT_MEMFD_PATH
 
@@ -73,22 +76,6 @@ def pytest_configure(config):
 def pytest_report_header(config):
     mode = "numpy semantics (mx.np) by default" if MX2 else "legacy mx.nd by default"
     return f"mxnet {mx.__version__}: {mode}"
-
-
-# (case, wall time in s, outcome) of each scenario program run (tests/test_scenarios.py).
-SCENARIO_TIMES = pytest.StashKey[list]()
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    # After every test, with the summary: printed between the dots, the table made the run
-    # look finished. Not with -q.
-    times = config.stash.get(SCENARIO_TIMES, None)
-    if not times or config.option.verbose < 0:
-        return
-    terminalreporter.write_sep("-", "scenario wall times")
-    for name, wall, outcome in times:
-        terminalreporter.write_line(f"{name:50s} {wall:6.1f} s  {outcome}")
-    terminalreporter.write_line(f"{'total':50s} {sum(t for _, t, _ in times):6.1f} s")
 
 
 @contextmanager
@@ -242,12 +229,52 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def _child_pids(pid: int):
+    """The children of process ``pid``, from the kernel's list of each of its threads' (it
+    reads a few small files; psutil's children() reads every process's /proc entry, which
+    took ~40 ms a call, twice or more a test, on a machine with a hundred processes)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(child) for child in f.read().split())
+        except OSError:
+            continue  # the thread ended meanwhile
+    return out
+
+
+# Whether the kernel lists each thread's children (CONFIG_PROC_CHILDREN); psutil otherwise.
+_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
 def children():
-    return [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    """This process's live descendants (not zombies), as ``psutil.Process`` objects."""
+    if not _PROC_CHILDREN:
+        found = psutil.Process().children(recursive=True)
+    else:
+        found, pending, seen = [], [os.getpid()], set()
+        while pending:
+            try:
+                kids = _child_pids(pending.pop())
+            except OSError:
+                continue  # it exited meanwhile
+            for pid in kids:
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                pending.append(pid)
+                try:
+                    found.append(psutil.Process(pid))
+                except psutil.Error:
+                    continue
+    out = []
+    for p in found:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -280,7 +307,7 @@ class Snapshot:
         # of the check scans only what the test made: ~90 ms -> ~1 ms a collection, two or
         # more a test (what a test leaves behind is still collected, and still counted).
         gc.freeze()
-        kids = children()  # listed once (it reads every process's /proc entry)
+        kids = children()  # listed once
         self.children = {p.pid for p in kids}
         self.threads = {t.ident for t in our_threads()}
         self.fds = open_fds()

@@ -5,8 +5,10 @@ always does."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -131,3 +133,36 @@ def test_a_slot_kept_by_the_test_fails_the_check(no_leaks, kept, batch_kb):
             os.close(leak)
         del leak
     assert snap.settle() == []
+
+
+def test_a_child_or_grandchild_left_fails_the_check():
+    """Descendants the test started and left, a grandchild and one started by a thread of the
+    test's among them, are named (the check lists them from each thread's children)."""
+    snap = Snapshot()
+    grandparent = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
+    started = []
+    thread = threading.Thread(
+        target=lambda: started.append(
+            subprocess.Popen([sys.executable, "-c", grandparent], start_new_session=True)
+        )
+    )
+    thread.start()
+    thread.join()
+    (proc,) = started
+    try:
+        deadline = time.monotonic() + 30
+        while len(psutil.Process(proc.pid).children()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (grandchild,) = psutil.Process(proc.pid).children()
+        problems = snap.problems(check_shmem=False)
+        assert len(problems) == 1 and problems[0].startswith("child processes left: "), problems
+        assert sorted(map(int, re.findall(r"\d+", problems[0]))) == sorted(
+            [proc.pid, grandchild.pid]
+        ), problems
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    assert snap.settle(check_shmem=False) == []

@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+import _scenario_times
+import conftest
 import psutil
 import pytest
 from conftest import SCENARIO_TIMES, requires_mx1
@@ -207,14 +209,16 @@ def test_scenario(script, args, deadline, request, record_property):
     assert not left_desc, f"processes left behind by {script}: {left_desc}\n{tail}"
 
 
+# The test runs' conftest loads the suite's table hook from tests/_scenario_times.py, which
+# imports no MXNet: each run starts in about a second (it took 6-15 s with the suite's conftest).
 _TABLE_CONFTEST = """
 import importlib.util
 
-spec = importlib.util.spec_from_file_location("suite_conftest", {conftest!r})
-suite = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(suite)
-pytest_terminal_summary = suite.pytest_terminal_summary
-SCENARIO_TIMES = suite.SCENARIO_TIMES
+spec = importlib.util.spec_from_file_location("scenario_times", {module!r})
+times = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(times)
+pytest_terminal_summary = times.pytest_terminal_summary
+SCENARIO_TIMES = times.SCENARIO_TIMES
 """
 _TABLE_TESTS = """
 from conftest import SCENARIO_TIMES
@@ -233,13 +237,19 @@ def test_two():
 def test_wall_times_are_printed_after_the_run_and_not_with_q(tmp_path):
     """The table comes after the last test's dot, with the summary, so the run does not look
     finished while it goes on; -q leaves it out."""
-    conftest = os.path.join(os.path.dirname(__file__), "conftest.py")
-    (tmp_path / "conftest.py").write_text(_TABLE_CONFTEST.format(conftest=conftest))
+    # The suite's conftest prints the table with this hook.
+    assert conftest.pytest_terminal_summary is _scenario_times.pytest_terminal_summary
+    module = os.path.join(HERE, "_scenario_times.py")
+    (tmp_path / "conftest.py").write_text(_TABLE_CONFTEST.format(module=module))
     (tmp_path / "test_table.py").write_text(_TABLE_TESTS)
+
+    # Without hypothesis's plugin, which these tests do not use: it takes seconds to import on
+    # a busy machine.
+    plugins = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
 
     def start_pytest(*options):
         return subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *options, "test_table.py"],
+            [sys.executable, "-m", "pytest", *plugins, *options, "test_table.py"],
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -254,8 +264,7 @@ def test_wall_times_are_printed_after_the_run_and_not_with_q(tmp_path):
         assert proc.returncode == 0, out + err
         return out
 
-    # The two runs are independent programs: they start together (each spends its first
-    # seconds importing MXNet through the suite's conftest).
+    # The two runs are independent programs: they start together.
     plain, quiet = start_pytest(), start_pytest("-q")
     out, quiet_out = output(plain), output(quiet)
     assert "scenario wall times" in out, out

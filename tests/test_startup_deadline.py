@@ -23,11 +23,11 @@ def test_a_spawn_hand_over_to_workers_stuck_importing_the_main_module_times_out(
         "spawn worker 0",
         "did not take its start-up payload",
         "1.0 MB",
-        "timeout=5.0s",
+        "timeout=2.0s",
         "importing the program's main module",
         "__main__",
     ):
         assert part in message, (part, message)
-    # Within timeout (5 s) and the time to stop the workers; none is left, nor a descriptor.
-    assert 4.5 < outcome["seconds"] < 10, outcome
+    # Within timeout (2 s) and the time to stop the workers; none is left, nor a descriptor.
+    assert 1.5 < outcome["seconds"] < 7, outcome
     assert outcome["children"] == [] and outcome["fds_leaked"] == 0, outcome

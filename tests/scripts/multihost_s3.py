@@ -147,7 +147,7 @@ def serve(folder: str, address: str, rec: str, idx: str) -> None:
         print("ready", weed.endpoint, flush=True)
         sys.stdin.read()
     finally:
-        weed.stop()
+        weed.kill()  # gone at once (stop() waits out weed's 2 s graceful shutdown)
 
 
 # ---------------------------------------------------------------------- on h2 and h3
