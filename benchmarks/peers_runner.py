@@ -3,7 +3,9 @@
 Runs under the peers' own venv (torch, torchvision, and FFCV where it built), never under
 shardloader's: it imports nothing from MXNet, shardloader or the ``benchmarks`` package, and
 is started as a script, ``.venv-peers/bin/python benchmarks/peers_runner.py CASE_JSON``. It
-prints one JSON line, the result (or ``{"error": ...}``), and exits.
+prints one JSON line, the result (or ``{"error": ...}``), and exits. ``CASE_JSON`` is
+``{"loader": "torch" | "ffcv", "folder": W7's folder, "beton": FFCV's file, "num_workers": 2,
+"min_time_s": 1.5}``; with ``"loader": "beton"`` it only writes the ``.beton`` (if missing).
 
 The loaders, as their own users write them, with W5/W7's augmentation (``RandomResizedCrop``
 to 224 with the default area and aspect ranges, a random horizontal flip, float32 in 0..1,
