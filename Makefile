@@ -152,7 +152,7 @@ $(BINP)/python:
 
 $(PEERS_STAMP): $(BINP)/python constraints-peers.txt
 	@echo "Installing torch and torchvision into $(VENVP) (about 5.5 GB with CUDA's libraries)."
-	$(INSTALLP) torch torchvision numpy Pillow
+	$(INSTALLP) torch torchvision numpy Pillow psutil
 	rm -f $(VENVP)/.stamp-* && touch $@
 
 $(FFCV_STAMP): $(PEERS_STAMP)

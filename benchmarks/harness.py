@@ -10,6 +10,10 @@ option go through it, so the numbers are comparable by construction.
   (0.5 s; at least one), so a 20 ms epoch is not timed once. An epoch's wall time runs from
   just before ``iter(loader)`` to its ``StopIteration``: it includes filling the prefetch
   queue and ending the epoch. Throughput is timed samples over the timed epochs' wall time.
+- **CPU per sample** is the CPU time (user + system) of the measuring process and its live
+  descendants (workers, their threads included) over the timed epochs, per sample
+  (``cpu_ms_per_sample``): what a sample costs the machine, which other load changes less
+  than it changes the throughput.
 - **Touching the data.** Every step goes through ``adapt`` (the user's per-step work, e.g.
   ``split_and_load`` for Gluon on W4), then ``wait_to_read()`` on every NDArray in it
   (:func:`shardloader.tools.measure.touch`, which ``shardloader bench`` uses too), so
@@ -44,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["time_loader", "run_isolated"]
+__all__ = ["time_loader", "run_isolated", "tree_cpu_s"]
 
 _MB = 1024.0 * 1024.0
 _KILL_GRACE_S = 5.0
@@ -146,7 +150,9 @@ def time_loader(
         loader = factory()
         try:
             while len(warm) < warmup_epochs or not _enough(timed, min_time_s, max_epochs):
+                cpu = tree_cpu_s()
                 run = _epoch(loader, adapt, check)
+                run["cpu_s"] = tree_cpu_s() - cpu
                 if expect_samples is not None and run["samples"] != expect_samples:
                     raise RuntimeError(
                         f"an epoch delivered {run['samples']} samples, expected {expect_samples}"
@@ -164,6 +170,7 @@ def time_loader(
     samples = sum(r["samples"] for r in timed)
     batches = sum(r["batches"] for r in timed)
     nbytes = sum(r["bytes"] for r in timed)
+    cpu = sum(r["cpu_s"] for r in timed)
     latencies = [t for r in timed for t in r["latencies"]]
     return {
         "epochs": len(timed),
@@ -172,6 +179,10 @@ def time_loader(
         "bytes": nbytes,
         "timed_s": wall,
         "samples_per_s": samples / wall,
+        # CPU time of this process and its workers over the timed epochs, per sample: what
+        # the loader costs the machine, which other load does not change much.
+        "timed_cpu_s": cpu,
+        "cpu_ms_per_sample": cpu / samples * 1e3 if samples else None,
         "batches_per_s": batches / wall,
         "mb_per_s": nbytes / _MB / wall,
         "us_per_batch": wall / max(batches, 1) * 1e6,
@@ -187,6 +198,21 @@ def time_loader(
         "memory_samples": mem.samples,
         "loader_stats": _jsonable(loader_stats),
     }
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live descendants so far."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        total += t.user + t.system
+    return total
 
 
 def _enough(timed: List[Dict[str, Any]], min_time_s: float, max_epochs: int) -> bool:

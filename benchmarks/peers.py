@@ -200,6 +200,9 @@ def summarise(runs: Sequence[Dict[str, Any]], loaders: Sequence[str]) -> Dict[st
             "max": max(mine.values()) if mine else None,
             "rounds": len(mine),
             "errors": errors,
+            "cpu_ms": median(
+                [r["result"].get("cpu_ms_per_sample") for r in runs if r["loader"] == loader]
+            ),
             "foreign_cores": median(
                 [r["result"].get("foreign_cores") for r in runs if r["loader"] == loader]
             ),
@@ -401,15 +404,15 @@ def markdown(summary: Dict[str, Any], meta: Dict[str, Any]) -> str:
         f"Batch 64, {WORKERS} workers, 2,048 JPEGs of 320x256; img/s are medians over rounds "
         "(min-max in brackets), ratios paired per round.",
         "",
-        "| data | loader | img/s | shardloader over it | other load (cores) |",
-        "|---|---|---|---|---|",
+        "| data | loader | img/s | shardloader over it | CPU ms per image | other load (cores) |",
+        "|---|---|---|---|---|---|",
     ]
     base_of = {"W7": "w7-ours", "W5": "w5-ours"}
     for loader, entry in loaders.items():
         name, data, _ = LOADERS[loader]
         if entry["median"] is None:
             cell = "failed: " + (entry["errors"][-1][:120] if entry["errors"] else "no run")
-            lines.append(f"| {data} | {name} | {cell.replace('|', '/')} | | |")
+            lines.append(f"| {data} | {name} | {cell.replace('|', '/')} | | | |")
             continue
         ours = base_of[data] if loader != "ffcv" else "w7-ours"
         over = "-"
@@ -417,7 +420,8 @@ def markdown(summary: Dict[str, Any], meta: Dict[str, Any]) -> str:
             over = _ratio_text(paired(rates(meta["runs"], ours), rates(meta["runs"], loader)))
         lines.append(
             f"| {data} | {name} | {fmt(entry['median'])} ({fmt(entry['min'])}-"
-            f"{fmt(entry['max'])}) | {over} | {fmt(entry['foreign_cores'], 2)} |"
+            f"{fmt(entry['max'])}) | {over} | {fmt(entry['cpu_ms'], 2)} | "
+            f"{fmt(entry['foreign_cores'], 2)} |"
         )
     lines += ["", "| target | measured | need | |", "|---|---|---|---|"]
     for name, ratio in summary["ratios"].items():

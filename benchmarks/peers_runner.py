@@ -163,14 +163,33 @@ def ffcv_loader(beton: str, num_workers: int, batch_size: int = BATCH) -> Any:
 
 
 # ---------------------------------------------------------------------------- timing
+def tree_cpu_s() -> float:
+    """CPU seconds of this process (its threads: FFCV's workers) and its live descendants
+    (torch's worker processes), as :func:`benchmarks.harness.tree_cpu_s` counts them for the
+    MXNet loaders (this script cannot import it: it runs in the peers' venv)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def _epoch(loader: Any) -> Dict[str, float]:
     samples = batches = 0
+    cpu = tree_cpu_s()
     start = time.perf_counter()
     for data, _label in loader:
         samples += int(data.shape[0])
         batches += 1
         del data, _label
-    return {"wall_s": time.perf_counter() - start, "samples": samples, "batches": batches}
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "samples": samples, "batches": batches, "cpu_s": tree_cpu_s() - cpu}
 
 
 def check_batch(data: Any, label: Any) -> None:
@@ -195,12 +214,11 @@ def time_peer(factory: Callable[[], Any], expect: int, min_time_s: float) -> Dic
     warm = int(data.shape[0]) + sum(int(d.shape[0]) for d, _ in it)
     cold_s = time.perf_counter() - built
     timed: List[Dict[str, float]] = []
-    cpu = time.process_time()
     while not timed or (
         sum(r["wall_s"] for r in timed) < min_time_s and len(timed) < _MAX_TIMED_EPOCHS
     ):
         timed.append(_epoch(loader))
-    cpu = time.process_time() - cpu
+    cpu = sum(r["cpu_s"] for r in timed)
     for run in [{"samples": warm}] + timed:
         if run["samples"] != expect:
             raise RuntimeError(f"an epoch delivered {run['samples']} samples, expected {expect}")
@@ -213,7 +231,8 @@ def time_peer(factory: Callable[[], Any], expect: int, min_time_s: float) -> Dic
         "samples_per_s": samples / wall,
         "first_batch_ms": first_ms,
         "cold_epoch_s": cold_s,
-        "main_cpu_s": cpu,  # this process only: FFCV's threads count, torch's workers do not
+        "timed_cpu_s": cpu,
+        "cpu_ms_per_sample": cpu / samples * 1e3,
     }
     del it, loader  # torch: shuts its persistent workers down
     return result
