@@ -27,7 +27,9 @@ option go through it, so the numbers are comparable by construction.
   (workers, and their helpers), sampled every 5 ms by a background psutil thread
   (:class:`shardloader.tools.measure.PeakMemory`) from just before the loader is constructed
   until the last timed epoch ends. Shared pages count once per process that maps them;
-  ``peak_pss_mb`` (sampled every 100 ms) counts them once in all.
+  ``peak_pss_mb`` (sampled every 100 ms) counts them once in all. That thread takes about
+  0.2 of a core beside an image loader; ``memory=False`` measures without it (the memory
+  figures are then None), as :mod:`benchmarks.peers` does, whose peers run without it.
 
 :func:`run_isolated` runs one :class:`~benchmarks.workloads.Case` in a fresh process, forked
 from a fork server that has imported MXNet and nothing else, with a deadline: no run inherits
@@ -37,6 +39,7 @@ another's allocator state, pools or threads, and a hung loader becomes an error,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -108,6 +111,7 @@ def time_loader(
     warmup_epochs: int = 1,
     min_time_s: float = _MIN_TIMED_S,
     max_epochs: int = _MAX_TIMED_EPOCHS,
+    memory: bool = True,
 ) -> Dict[str, Any]:
     """Build a loader with ``factory`` and time it (see the module docstring).
 
@@ -126,6 +130,10 @@ def time_loader(
     min_time_s, max_epochs : float, int
         Timed epochs follow until they add up to ``min_time_s`` (at least one, at most
         ``max_epochs``), so that short epochs are not timed on a single noisy sample.
+    memory : bool
+        Sample the peak memory (a thread reading ``/proc`` every 5 ms, and the PSS every
+        100 ms: about 0.2 of a core beside an image loader with two workers, measured with
+        ``perf``). ``False`` leaves the machine to the loader; the memory figures are None.
 
     Returns
     -------
@@ -145,7 +153,8 @@ def time_loader(
 
     warm: List[Dict[str, Any]] = []
     timed: List[Dict[str, Any]] = []
-    with PeakMemory() as mem:
+    mem = PeakMemory() if memory else None
+    with mem if mem is not None else contextlib.nullcontext():
         built = time.perf_counter()
         loader = factory()
         try:
@@ -191,11 +200,11 @@ def time_loader(
         "lat_max_us": _percentile_us(latencies, 100),
         "first_batch_ms": (first - built) * 1e3 if first is not None else None,
         "cold_epoch_s": (warm or timed)[0]["wall_s"],
-        "peak_rss_mb": mem.peak_rss_mb,
-        "base_rss_mb": mem.base_rss_mb,
-        "peak_pss_mb": mem.peak_pss_mb,
-        "peak_processes": mem.peak_processes,
-        "memory_samples": mem.samples,
+        "peak_rss_mb": mem.peak_rss_mb if mem else None,
+        "base_rss_mb": mem.base_rss_mb if mem else None,
+        "peak_pss_mb": mem.peak_pss_mb if mem else None,
+        "peak_processes": mem.peak_processes if mem else None,
+        "memory_samples": mem.samples if mem else None,
         "loader_stats": _jsonable(loader_stats),
     }
 
@@ -260,7 +269,9 @@ _PRELOAD = [
 _context: Optional[Any] = None
 
 
-def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dict[str, Any]:
+def run_case(
+    case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S, memory: bool = True
+) -> Dict[str, Any]:
     """Measure one case in this process (what the child of :func:`run_isolated` does).
 
     ``case_dict`` is a :class:`~benchmarks.workloads.Case` as a dict, or a task that is not
@@ -285,6 +296,7 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
         expect_samples=prepared.samples,
         warmup_epochs=prepared.warmup_epochs,
         min_time_s=min_time_s,
+        memory=memory,
     )
 
 
@@ -309,7 +321,9 @@ def _tasks() -> Dict[str, Callable[..., Dict[str, Any]]]:
     }
 
 
-def _isolated_main(case_dict: Dict[str, Any], min_time_s: float, conn: Any) -> None:
+def _isolated_main(
+    case_dict: Dict[str, Any], min_time_s: float, conn: Any, memory: bool = True
+) -> None:
     import multiprocessing
 
     os.setsid()  # its own process group, so a timeout can kill its workers with it
@@ -319,7 +333,7 @@ def _isolated_main(case_dict: Dict[str, Any], min_time_s: float, conn: Any) -> N
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = run_case(case_dict, min_time_s)
+            result = run_case(case_dict, min_time_s, memory)
         t = os.times()  # the loader is closed: its workers have been reaped and count here
         result["tree_cpu_s"] = t.user + t.system + t.children_user + t.children_system
         # Recorded, not printed: e.g. torch's advice about num_workers on a 2-core machine.
@@ -345,9 +359,14 @@ def _fork_context() -> Any:
 
 
 def run_isolated(
-    case_dict: Dict[str, Any], *, min_time_s: float = _MIN_TIMED_S, timeout_s: float = 180.0
+    case_dict: Dict[str, Any],
+    *,
+    min_time_s: float = _MIN_TIMED_S,
+    timeout_s: float = 180.0,
+    memory: bool = True,
 ) -> Dict[str, Any]:
     """Run :func:`run_case` in a fresh process; never raises for the loader's failures.
+    ``memory``: sample the peak memory (see :func:`time_loader`).
 
     The process is forked from a fork server that has imported MXNet and the loaders but
     never run a loader, so no run inherits another's allocator state, pools or threads.
@@ -357,7 +376,7 @@ def run_isolated(
     """
     ctx = _fork_context()
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_isolated_main, args=(case_dict, min_time_s, send))
+    proc = ctx.Process(target=_isolated_main, args=(case_dict, min_time_s, send, memory))
     started = time.perf_counter()
     cpu_before = _busy_cpu_s()
     proc.start()  # not a daemon: daemonic processes may not start the loaders' workers

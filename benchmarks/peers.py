@@ -335,7 +335,9 @@ def _measure(loader: str, args: argparse.Namespace, data: Dict[str, str]) -> Dic
         return probe(case, args.timeout_s)
     if LOADERS[loader][2] == "peer":
         return run_peer(args.peers_python, case, args.timeout_s)
-    return run_isolated(case, min_time_s=args.min_time_s, timeout_s=args.timeout_s)
+    # No memory sampling: its thread would take a share of the cores that the peers,
+    # timed without one, do not pay.
+    return run_isolated(case, min_time_s=args.min_time_s, timeout_s=args.timeout_s, memory=False)
 
 
 def _line(loader: str, round_: int, rounds: int, result: Dict[str, Any]) -> str:
@@ -391,12 +393,21 @@ def _ratio_text(ratio: Dict[str, Any]) -> str:
     return f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})"
 
 
+def _beside(meta: Dict[str, Any]) -> str:
+    """What ran beside the rounds, and how fast it went (benchmarks.background's info)."""
+    info = meta.get("background_info") or {}
+    text = info.get("what") or meta["background"]
+    if info.get("steps_per_s"):
+        text += f" ({info['steps_per_s']:.2f} steps/s meanwhile)"
+    return text
+
+
 def markdown(summary: Dict[str, Any], meta: Dict[str, Any]) -> str:
     loaders = summary["loaders"]
     v = meta["versions"]
     lines = [
         f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores), "
-        f"{meta['rounds']} rounds, {meta['total_s']:.0f} s; background: {meta['background']}; "
+        f"{meta['rounds']} rounds, {meta['total_s']:.0f} s; background: {_beside(meta)}; "
         f"load average {meta['load_start']:.1f} at the start, {meta['load_end']:.1f} at the end "
         f"(per round: {', '.join(f'{x:.1f}' for x in meta['loads'])}). MXNet {meta['mxnet']}; "
         f"torch {v.get('torch')}, torchvision {v.get('torchvision')}, FFCV {v.get('ffcv')} "
@@ -537,12 +548,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
     data = prepare(args, "ffcv" in args.loaders)
+    beside: Dict[str, Any] = {"name": "none"}
     if args.background == "none":
         done = run_rounds(args, data)
     else:
-        from .background import background  # helper "busy"'s module, imported only if asked
+        from .background import background  # imported only when asked for
 
-        with background(args.background, rec=data["rec"], folder=data["folder"]):
+        # "loader": a second shardloader over W5's records, as another job's input pipeline.
+        where = {"rec": data["rec"]} if args.background == "loader" else {}
+        with background(args.background, **where) as beside:
             done = run_rounds(args, data)
     from .run import machine_info  # imports nothing of MXNet's here
 
@@ -555,6 +569,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "commit": machine["shardloader_commit"],
         "versions": versions,
         "background": args.background,
+        "background_info": beside,
         "rounds": args.rounds,
         "floor_images": args.floor_images,
         "total_s": time.perf_counter() - started,

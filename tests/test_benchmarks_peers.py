@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # benchmarks/ is not an installed package: make it importable however pytest is started.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import peers, peers_runner  # noqa: E402
+from benchmarks.harness import time_loader  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -154,6 +157,21 @@ def test_runner_folder_order_and_its_errors_come_back_as_json(tmp_path, no_leaks
     # A runner that prints no result (here a "Python" that does nothing) is a failed run.
     broken = peers.run_peer("/bin/true", case, timeout_s=30)
     assert broken["error"] == "the runner exited with 0 and no result: "
+
+
+@pytest.mark.parametrize("memory", [True, False])
+def test_time_loader_samples_memory_only_when_asked(memory, no_leaks):
+    seen = []
+
+    class Loader:  # records the threads running while it is iterated
+        def __iter__(self):
+            seen.extend(t.name for t in threading.enumerate())
+            return iter([(np.zeros((4, 2), "float32"), np.arange(4))] * 3)
+
+    result = time_loader(Loader, min_time_s=0.0, memory=memory)
+    assert ("peak-memory" in seen) is memory
+    assert (result["peak_rss_mb"] is None) is not memory and result["samples"] == 12
+    assert result["cpu_ms_per_sample"] >= 0 and result["timed_cpu_s"] >= 0
 
 
 def test_missing_peers_venv_says_how_to_make_it(tmp_path):
