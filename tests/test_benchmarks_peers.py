@@ -79,26 +79,29 @@ def test_ratios_pair_rounds_and_skip_failed_runs():
 
 def test_decode_bound_per_round_from_its_probes():
     runs = [
-        _run("floor", 0, s_per_sample=0.001, together_per_s=1800.0),
-        _run("w5-ours", 0, 1600.0),
-        _run("floor", 0, s_per_sample=0.00125, together_per_s=1400.0),
-        _run("floor", 1, s_per_sample=0.001),  # the processes at once failed
+        _run("floor", 0, s_per_sample=0.001, cpu_per_sample=0.0009, together_per_s=1800.0),
+        _run("w5-ours", 0, 1600.0, cpu_ms_per_sample=1.0),
+        _run("floor", 0, s_per_sample=0.00125, cpu_per_sample=0.0008, together_per_s=1400.0),
+        _run("floor", 1, s_per_sample=0.001, cpu_per_sample=0.001),  # no processes at once
         _run("w5-ours", 1, 1000.0),
         _run("floor", 1, error="timed out"),
     ]
     per_round = peers.bounds(runs)
     assert per_round[0]["probe_ms"] == [1.0, 1.25]
-    assert per_round[0]["bound"] == pytest.approx(2 / 1.125e-3)  # 2 x the mean probe
-    assert per_round[0]["bound_together"] == 1600.0
-    assert per_round[0]["fraction"]["w5-ours"] == pytest.approx(0.9)
-    assert per_round[0]["fraction_together"]["w5-ours"] == 1.0
+    # Load only slows a probe down: the faster probe of the two makes the bound.
+    assert per_round[0]["bound"] == 2000.0 and per_round[0]["bound_together"] == 1800.0
+    assert per_round[0]["fraction"]["w5-ours"] == 0.8
+    assert per_round[0]["fraction_together"]["w5-ours"] == pytest.approx(1600 / 1800)
+    assert per_round[0]["cpu_fraction"]["w5-ours"] == pytest.approx(0.8)  # 0.8 ms of 1.0
+    assert per_round[0]["cores"]["w5-ours"] == 1.6
     assert per_round[0]["fraction"]["w7-ours"] is None  # W7 did not run
     assert per_round[1]["bound"] == 2000.0 and per_round[1]["bound_together"] is None
+    assert per_round[1]["cpu_fraction"]["w5-ours"] is None  # the run has no CPU figure
     frac = peers.fraction_summary(per_round, "w5-ours")
-    assert (frac["median"], frac["min"], frac["max"]) == (pytest.approx(0.7), 0.5, 0.9)
-    assert frac["steady"] is False  # 0.5 and 0.9 are 0.2 from the median
+    assert (frac["median"], frac["min"], frac["max"]) == (pytest.approx(0.65), 0.5, 0.8)
+    assert frac["steady"] is False  # 0.5 and 0.8 are 0.15 from the median
     steady = peers.fraction_summary({0: per_round[0]}, "w5-ours", "fraction_together")
-    assert steady["steady"] is True and steady["median"] == 1.0
+    assert steady["steady"] is True and steady["median"] == pytest.approx(1600 / 1800)
 
 
 def test_markdown_shows_rates_ratios_failures_and_the_bound():
@@ -106,9 +109,9 @@ def test_markdown_shows_rates_ratios_failures_and_the_bound():
         _run("w7-ours", 0, 1500.0, foreign_cores=0.1),
         _run("w7-torch", 0, 500.0, foreign_cores=0.2, cpu_ms_per_sample=3.5),
         _run("ffcv", 0, error="ModuleNotFoundError: No module named 'ffcv'"),
-        _run("floor", 0, s_per_sample=0.001, together_per_s=1900.0),
-        _run("w5-ours", 0, 1700.0),
-        _run("floor", 0, s_per_sample=0.001, together_per_s=1900.0),
+        _run("floor", 0, s_per_sample=0.001, cpu_per_sample=0.0009, together_per_s=1900.0),
+        _run("w5-ours", 0, 1700.0, cpu_ms_per_sample=1.0),
+        _run("floor", 0, s_per_sample=0.001, cpu_per_sample=0.0009, together_per_s=1900.0),
     ]
     loaders = ["w7-ours", "w7-torch", "ffcv", "w5-ours"]
     meta = {
@@ -134,7 +137,9 @@ def test_markdown_shows_rates_ratios_failures_and_the_bound():
     assert "| W7 | FFCV (.beton of W7's JPEGs) | failed: ModuleNotFoundError" in md
     assert "| W7 shardloader / torchvision | 3.00x (3.00-3.00) | >= 1.5x | met |" in md
     assert "decode bound (2 x one process) | 0.85 (0.85-0.85) | >= 0.85" in md
-    assert "| 1 | 1.000 / 1.000 | 2,000 | 1,900 | 1,700 | 0.85 (0.89) | 0.75 (0.79) |" in md
+    assert "over the loader's (not a target) | 0.90 (0.90-0.90) | - |  |" in md
+    row = "| 1 | 1.000 / 1.000 | 2,000 | 1,900 | 1,700 | 0.85 (0.89) | 0.90 | 1.70 | 0.75 (0.79) |"
+    assert row in md
 
 
 def test_runner_folder_order_and_its_errors_come_back_as_json(tmp_path, no_leaks):
