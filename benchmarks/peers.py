@@ -430,9 +430,14 @@ def markdown(summary: Dict[str, Any], meta: Dict[str, Any]) -> str:
         f"Measured {meta['date']} on {meta['cpu']} ({meta['cores']} cores), "
         f"{meta['rounds']} rounds, {meta['total_s']:.0f} s; background: {_beside(meta)}; "
         f"load average {meta['load_start']:.1f} at the start, {meta['load_end']:.1f} at the end "
-        f"(per round: {', '.join(f'{x:.1f}' for x in meta['loads'])}). MXNet {meta['mxnet']}; "
-        f"torch {v.get('torch')}, torchvision {v.get('torchvision')}, FFCV {v.get('ffcv')} "
-        f"(numba {v.get('numba')}); shardloader at {meta.get('commit') or '?'}. "
+        f"(per round: {', '.join(f'{x:.1f}' for x in meta['loads'])}). MXNet {meta['mxnet']}"
+        + (
+            f"; torch {v.get('torch')}, torchvision {v.get('torchvision')}, FFCV "
+            f"{v.get('ffcv') or 'not installed'} (numba {v.get('numba')})"
+            if v
+            else ""
+        )
+        + f"; shardloader at {meta.get('commit') or '?'}. "
         f"Batch 64, {WORKERS} workers, 2,048 JPEGs of 320x256; img/s are medians over rounds "
         "(min-max in brackets), ratios paired per round.",
         "",
