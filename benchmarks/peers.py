@@ -180,13 +180,13 @@ def bounds(runs: Sequence[Dict[str, Any]], workers: int = WORKERS) -> Dict[int, 
         for loader in ("w5-ours", "w7-ours"):
             res = _result(runs, loader, round_)
             rate, cpu_ms = res.get("samples_per_s"), res.get("cpu_ms_per_sample")
+            entry["cores"][loader] = _cores(res)
             for key, bound in (
                 ("fraction", entry["bound"]),
                 ("fraction_together", entry["bound_together"]),
             ):
                 entry[key][loader] = rate / bound if rate and bound else None
             entry["cpu_fraction"][loader] = min(entry["probe_cpu_ms"]) / cpu_ms if cpu_ms else None
-            entry["cores"][loader] = rate * cpu_ms / 1e3 if rate and cpu_ms else None
     return out
 
 
@@ -207,6 +207,12 @@ def fraction_summary(
     }
 
 
+def _cores(result: Dict[str, Any]) -> Optional[float]:
+    """The cores a run kept busy: img/s x CPU seconds per image."""
+    rate, cpu_ms = result.get("samples_per_s"), result.get("cpu_ms_per_sample")
+    return rate * cpu_ms / 1e3 if rate and cpu_ms else None
+
+
 def summarise(runs: Sequence[Dict[str, Any]], loaders: Sequence[str]) -> Dict[str, Any]:
     """Medians per loader, the paired ratios of :data:`RATIOS` and the decode bound."""
     per_loader = {}
@@ -224,6 +230,7 @@ def summarise(runs: Sequence[Dict[str, Any]], loaders: Sequence[str]) -> Dict[st
             "cpu_ms": median(
                 [r["result"].get("cpu_ms_per_sample") for r in runs if r["loader"] == loader]
             ),
+            "cores": median([_cores(r["result"]) for r in runs if r["loader"] == loader]),
             "foreign_cores": median(
                 [r["result"].get("foreign_cores") for r in runs if r["loader"] == loader]
             ),
@@ -441,15 +448,16 @@ def markdown(summary: Dict[str, Any], meta: Dict[str, Any]) -> str:
         f"Batch 64, {WORKERS} workers, 2,048 JPEGs of 320x256; img/s are medians over rounds "
         "(min-max in brackets), ratios paired per round.",
         "",
-        "| data | loader | img/s | shardloader over it | CPU ms per image | other load (cores) |",
-        "|---|---|---|---|---|---|",
+        "| data | loader | img/s | shardloader over it | CPU ms per image | cores busy | "
+        "other load (cores) |",
+        "|---|---|---|---|---|---|---|",
     ]
     base_of = {"W7": "w7-ours", "W5": "w5-ours"}
     for loader, entry in loaders.items():
         name, data, _ = LOADERS[loader]
         if entry["median"] is None:
             cell = "failed: " + (entry["errors"][-1][:120] if entry["errors"] else "no run")
-            lines.append(f"| {data} | {name} | {cell.replace('|', '/')} | | | |")
+            lines.append(f"| {data} | {name} | {cell.replace('|', '/')} | | | | |")
             continue
         ours = base_of[data] if loader != "ffcv" else "w7-ours"
         over = "-"
@@ -458,7 +466,7 @@ def markdown(summary: Dict[str, Any], meta: Dict[str, Any]) -> str:
         lines.append(
             f"| {data} | {name} | {fmt(entry['median'])} ({fmt(entry['min'])}-"
             f"{fmt(entry['max'])}) | {over} | {fmt(entry['cpu_ms'], 2)} | "
-            f"{fmt(entry['foreign_cores'], 2)} |"
+            f"{fmt(entry['cores'], 2)} | {fmt(entry['foreign_cores'], 2)} |"
         )
     lines += ["", "| target | measured | need | |", "|---|---|---|---|"]
     for name, ratio in summary["ratios"].items():

@@ -131,7 +131,7 @@ def test_markdown_shows_rates_ratios_failures_and_the_bound():
     }
     md = peers.markdown(peers.summarise(runs, loaders), meta)
     row = (
-        "| W7 | torchvision + torch DataLoader | 500 (500-500) | 3.00x (3.00-3.00) | 3.50 | 0.20 |"
+        "| W7 | torchvision + torch DataLoader | 500 (500-500) | 3.00x (3.00-3.00) | 3.50 | 1.75 |"
     )
     assert row in md
     assert "| W7 | FFCV (.beton of W7's JPEGs) | failed: ModuleNotFoundError" in md
