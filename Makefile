@@ -42,7 +42,7 @@ INSTALL2 := $(PIP2) install --progress-bar on
 STAMP2 := $(VENV2)/.stamp-$(shell cat pyproject.toml constraints-mx2.txt | cksum | cut -d' ' -f1)
 ARGS   ?=
 
-.PHONY: test test-smoke test-quick demo bench bench-mx2 docs lint format clean test-mx2 test-mx2-smoke
+.PHONY: test test-smoke test-quick demo bench bench-mx2 bench-peers docs lint format clean test-mx2 test-mx2-smoke
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -132,6 +132,37 @@ bench-mx2: $(STAMP2)
 	$(INSTALL2) -c constraints-mx2.txt -e '.[bench]'
 	$(BIN2)/python -m benchmarks.run $(ARGS)
 
+# Against the loaders a user would pick instead (docs/benchmarks.md#against-torchvision-and-ffcv):
+# torch's DataLoader with torchvision's own pipeline, and FFCV, beside shardloader, Gluon and
+# ImageRecordIter on W5/W7's JPEGs; about 4 minutes (ARGS="--rounds 5", "--background train").
+# The peers live in a venv of their own, .venv-peers, pinned by constraints-peers.txt, never in
+# .venv: about 5.5 GB (torch's wheels bring CUDA's libraries), 2-5 minutes the first time.
+# FFCV builds from source and needs libjpeg-turbo's and OpenCV's development files
+# (Debian/Ubuntu: apt-get install libturbojpeg0-dev libopencv-dev pkg-config); without them
+# its install fails, the benchmark leaves FFCV out, and the next `make bench-peers` tries again.
+VENVP  := .venv-peers
+BINP   := $(VENVP)/bin
+INSTALLP := $(BINP)/python -m pip --disable-pip-version-check install --progress-bar on -c constraints-peers.txt
+PEERS_SUM := $(shell cat constraints-peers.txt | cksum | cut -d' ' -f1)
+PEERS_STAMP := $(VENVP)/.stamp-$(PEERS_SUM)
+FFCV_STAMP  := $(VENVP)/.ffcv-stamp-$(PEERS_SUM)
+
+$(BINP)/python:
+	$(PYTHON) -m venv $(VENVP)
+
+$(PEERS_STAMP): $(BINP)/python constraints-peers.txt
+	@echo "Installing torch and torchvision into $(VENVP) (about 5.5 GB with CUDA's libraries)."
+	$(INSTALLP) torch torchvision numpy Pillow psutil
+	rm -f $(VENVP)/.stamp-* && touch $@
+
+$(FFCV_STAMP): $(PEERS_STAMP)
+	@echo "Building FFCV in $(VENVP) (needs libturbojpeg0-dev, libopencv-dev, pkg-config)."
+	@if $(INSTALLP) ffcv; then rm -f $(VENVP)/.ffcv-stamp-* && touch $@; else \
+		echo "FFCV did not build (see above): the benchmark runs without it."; fi
+
+bench-peers: $(BENCH_STAMP) $(FFCV_STAMP)
+	$(BIN)/python -m benchmarks.peers --peers-python $(BINP)/python $(ARGS)
+
 # The docs site: mkdocs with the Material theme and mkdocstrings, built into site/.
 # --strict turns every warning (a broken link, a page missing from the nav, a docstring
 # mkdocstrings cannot parse) into a failure. mkdocstrings reads the source without importing
@@ -150,4 +181,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix $(SRC)
 
 clean:
-	rm -rf $(VENV) $(VENV2) build *.egg-info .pytest_cache site
+	rm -rf $(VENV) $(VENV2) $(VENVP) build *.egg-info .pytest_cache site

@@ -12,5 +12,7 @@ Run ``make bench`` or ``python -m benchmarks.run --help``. The modules:
 - :mod:`benchmarks.report`: the JSON and markdown results, and publishing them;
 - :mod:`benchmarks.plot`: the throughput plot;
 - :mod:`benchmarks.run`: the command line and the interleaved plan;
-- :mod:`benchmarks.profile_w5`: a diagnostic, not part of the run: where W5's time goes.
+- :mod:`benchmarks.profile_w5`: a diagnostic, not part of the run: where W5's time goes;
+- :mod:`benchmarks.peers`: ``make bench-peers``, shardloader against torchvision and FFCV
+  on W5/W7's JPEGs; the peers run in their own venv through ``benchmarks/peers_runner.py``.
 """

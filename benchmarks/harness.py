@@ -10,6 +10,10 @@ option go through it, so the numbers are comparable by construction.
   (0.5 s; at least one), so a 20 ms epoch is not timed once. An epoch's wall time runs from
   just before ``iter(loader)`` to its ``StopIteration``: it includes filling the prefetch
   queue and ending the epoch. Throughput is timed samples over the timed epochs' wall time.
+- **CPU per sample** is the CPU time (user + system) of the measuring process and its live
+  descendants (workers, their threads included) over the timed epochs, per sample
+  (``cpu_ms_per_sample``): what a sample costs the machine, which other load changes less
+  than it changes the throughput.
 - **Touching the data.** Every step goes through ``adapt`` (the user's per-step work, e.g.
   ``split_and_load`` for Gluon on W4), then ``wait_to_read()`` on every NDArray in it
   (:func:`shardloader.tools.measure.touch`, which ``shardloader bench`` uses too), so
@@ -23,7 +27,9 @@ option go through it, so the numbers are comparable by construction.
   (workers, and their helpers), sampled every 5 ms by a background psutil thread
   (:class:`shardloader.tools.measure.PeakMemory`) from just before the loader is constructed
   until the last timed epoch ends. Shared pages count once per process that maps them;
-  ``peak_pss_mb`` (sampled every 100 ms) counts them once in all.
+  ``peak_pss_mb`` (sampled every 100 ms) counts them once in all. That thread takes about
+  0.2 of a core beside an image loader; ``memory=False`` measures without it (the memory
+  figures are then None), as :mod:`benchmarks.peers` does, whose peers run without it.
 
 :func:`run_isolated` runs one :class:`~benchmarks.workloads.Case` in a fresh process, forked
 from a fork server that has imported MXNet and nothing else, with a deadline: no run inherits
@@ -33,6 +39,7 @@ another's allocator state, pools or threads, and a hung loader becomes an error,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -44,7 +51,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-__all__ = ["time_loader", "run_isolated", "group_alive"]
+__all__ = ["time_loader", "run_isolated", "tree_cpu_s", "group_alive"]
 
 _MB = 1024.0 * 1024.0
 _KILL_GRACE_S = 5.0
@@ -104,6 +111,7 @@ def time_loader(
     warmup_epochs: int = 1,
     min_time_s: float = _MIN_TIMED_S,
     max_epochs: int = _MAX_TIMED_EPOCHS,
+    memory: bool = True,
 ) -> Dict[str, Any]:
     """Build a loader with ``factory`` and time it (see the module docstring).
 
@@ -122,6 +130,10 @@ def time_loader(
     min_time_s, max_epochs : float, int
         Timed epochs follow until they add up to ``min_time_s`` (at least one, at most
         ``max_epochs``), so that short epochs are not timed on a single noisy sample.
+    memory : bool
+        Sample the peak memory (a thread reading ``/proc`` every 5 ms, and the PSS every
+        100 ms: about 0.2 of a core beside an image loader with two workers, measured with
+        ``perf``). ``False`` leaves the machine to the loader; the memory figures are None.
 
     Returns
     -------
@@ -141,12 +153,15 @@ def time_loader(
 
     warm: List[Dict[str, Any]] = []
     timed: List[Dict[str, Any]] = []
-    with PeakMemory() as mem:
+    mem = PeakMemory() if memory else None
+    with mem if mem is not None else contextlib.nullcontext():
         built = time.perf_counter()
         loader = factory()
         try:
             while len(warm) < warmup_epochs or not _enough(timed, min_time_s, max_epochs):
+                cpu = tree_cpu_s()
                 run = _epoch(loader, adapt, check)
+                run["cpu_s"] = tree_cpu_s() - cpu
                 if expect_samples is not None and run["samples"] != expect_samples:
                     raise RuntimeError(
                         f"an epoch delivered {run['samples']} samples, expected {expect_samples}"
@@ -164,6 +179,7 @@ def time_loader(
     samples = sum(r["samples"] for r in timed)
     batches = sum(r["batches"] for r in timed)
     nbytes = sum(r["bytes"] for r in timed)
+    cpu = sum(r["cpu_s"] for r in timed)
     latencies = [t for r in timed for t in r["latencies"]]
     return {
         "epochs": len(timed),
@@ -172,6 +188,10 @@ def time_loader(
         "bytes": nbytes,
         "timed_s": wall,
         "samples_per_s": samples / wall,
+        # CPU time of this process and its workers over the timed epochs, per sample: what
+        # the loader costs the machine, which other load does not change much.
+        "timed_cpu_s": cpu,
+        "cpu_ms_per_sample": cpu / samples * 1e3 if samples else None,
         "batches_per_s": batches / wall,
         "mb_per_s": nbytes / _MB / wall,
         "us_per_batch": wall / max(batches, 1) * 1e6,
@@ -180,13 +200,28 @@ def time_loader(
         "lat_max_us": _percentile_us(latencies, 100),
         "first_batch_ms": (first - built) * 1e3 if first is not None else None,
         "cold_epoch_s": (warm or timed)[0]["wall_s"],
-        "peak_rss_mb": mem.peak_rss_mb,
-        "base_rss_mb": mem.base_rss_mb,
-        "peak_pss_mb": mem.peak_pss_mb,
-        "peak_processes": mem.peak_processes,
-        "memory_samples": mem.samples,
+        "peak_rss_mb": mem.peak_rss_mb if mem else None,
+        "base_rss_mb": mem.base_rss_mb if mem else None,
+        "peak_pss_mb": mem.peak_pss_mb if mem else None,
+        "peak_processes": mem.peak_processes if mem else None,
+        "memory_samples": mem.samples if mem else None,
         "loader_stats": _jsonable(loader_stats),
     }
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its live descendants so far."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        total += t.user + t.system
+    return total
 
 
 def _enough(timed: List[Dict[str, Any]], min_time_s: float, max_epochs: int) -> bool:
@@ -234,7 +269,9 @@ _PRELOAD = [
 _context: Optional[Any] = None
 
 
-def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dict[str, Any]:
+def run_case(
+    case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S, memory: bool = True
+) -> Dict[str, Any]:
     """Measure one case in this process (what the child of :func:`run_isolated` does).
 
     ``case_dict`` is a :class:`~benchmarks.workloads.Case` as a dict, or a task that is not
@@ -262,6 +299,7 @@ def run_case(case_dict: Dict[str, Any], min_time_s: float = _MIN_TIMED_S) -> Dic
         expect_samples=prepared.samples,
         warmup_epochs=prepared.warmup_epochs,
         min_time_s=min_time_s,
+        memory=memory,
     )
 
 
@@ -286,7 +324,9 @@ def _tasks() -> Dict[str, Callable[..., Dict[str, Any]]]:
     }
 
 
-def _isolated_main(case_dict: Dict[str, Any], min_time_s: float, conn: Any) -> None:
+def _isolated_main(
+    case_dict: Dict[str, Any], min_time_s: float, conn: Any, memory: bool = True
+) -> None:
     import multiprocessing
 
     os.setsid()  # its own process group, so a timeout can kill its workers with it
@@ -296,7 +336,7 @@ def _isolated_main(case_dict: Dict[str, Any], min_time_s: float, conn: Any) -> N
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result = run_case(case_dict, min_time_s)
+            result = run_case(case_dict, min_time_s, memory)
         t = os.times()  # the loader is closed: its workers have been reaped and count here
         result["tree_cpu_s"] = t.user + t.system + t.children_user + t.children_system
         # Recorded, not printed: e.g. torch's advice about num_workers on a 2-core machine.
@@ -322,9 +362,14 @@ def _fork_context() -> Any:
 
 
 def run_isolated(
-    case_dict: Dict[str, Any], *, min_time_s: float = _MIN_TIMED_S, timeout_s: float = 180.0
+    case_dict: Dict[str, Any],
+    *,
+    min_time_s: float = _MIN_TIMED_S,
+    timeout_s: float = 180.0,
+    memory: bool = True,
 ) -> Dict[str, Any]:
     """Run :func:`run_case` in a fresh process; never raises for the loader's failures.
+    ``memory``: sample the peak memory (see :func:`time_loader`).
 
     The process is forked from a fork server that has imported MXNet and the loaders but
     never run a loader, so no run inherits another's allocator state, pools or threads.
@@ -334,7 +379,7 @@ def run_isolated(
     """
     ctx = _fork_context()
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_isolated_main, args=(case_dict, min_time_s, send))
+    proc = ctx.Process(target=_isolated_main, args=(case_dict, min_time_s, send, memory))
     started = time.perf_counter()
     cpu_before = _busy_cpu_s()
     proc.start()  # not a daemon: daemonic processes may not start the loaders' workers
