@@ -312,6 +312,18 @@ def test_shardloader_cv2_threads_sets_the_workers_pool(rec, cv2_threads, monkeyp
             _codecs.worker_threads()
 
 
+@pytest.mark.timeout(60)
+def test_a_bad_shardloader_cv2_threads_reaches_the_user_from_a_forked_worker(
+    rec, cv2_threads, monkeypatch, no_leaks
+):
+    """The fork handler cannot raise into ``Process.start()``: it leaves the pool alone, and
+    the worker raises the variable's error with its batch, where the user sees it."""
+    monkeypatch.setenv("SHARDLOADER_CV2_THREADS", "many")
+    with pytest.raises(ValueError, match="SHARDLOADER_CV2_THREADS must be .*got 'many'"):
+        _threads_seen(rec, num_workers=1, start_method="fork")
+    assert cv2_threads.getNumThreads() == 3
+
+
 def test_thread_workers_and_no_workers_leave_opencv_as_the_user_set_it(rec, cv2_threads):
     """``cv2.setNumThreads`` is process-wide: in thread workers it would be the user's."""
     assert _threads_seen(rec, num_workers=2, thread_pool=True) == {3}

@@ -100,27 +100,33 @@ def settle_threads() -> None:
     global _threads_settled
     if _threads_settled or not in_worker_process():
         return
-    _threads_settled = True
-    threads = worker_threads()
-    if threads is not None:
+    threads = worker_threads()  # a bad SHARDLOADER_CV2_THREADS is raised here, at each batch
+    if threads is not None and not _pool_inherited:
         loaded()[1].setNumThreads(threads)
+    _threads_settled = True
 
 
 # Under fork, the parent sets its own pool to one thread just before it forks a loader's
 # worker, and back just after: the worker then inherits a pool with no threads, and never
-# reconfigures it. The parent's previous count, while a worker is being forked.
+# reconfigures it. The parent's previous count, while a worker is being forked; and, in a
+# forked process, whether its pool came from a parent that had imported OpenCV.
 _count_before_fork: Optional[int] = None
+_pool_inherited = False
 
 
 def _before_fork() -> None:
     global _count_before_fork
-    cv2, threads = sys.modules.get("cv2"), worker_threads()
-    # Without OpenCV here yet the worker's pool is new, and settle_threads sets it there. A
-    # count above one cannot be inherited safely (a pool of threads that are not forked).
-    if cv2 is None or not launching_worker() or threads is None or threads > 1:
-        return
-    _count_before_fork = cv2.getNumThreads()
-    cv2.setNumThreads(threads)
+    cv2 = sys.modules.get("cv2")
+    if cv2 is None or not launching_worker():
+        return  # without OpenCV here yet the worker's pool is new: settle_threads sets it
+    try:
+        threads = worker_threads()
+    except ValueError:
+        return  # raised in the worker, by settle_threads, where it reaches the user
+    # A count above one cannot be inherited safely (a pool of threads that are not forked).
+    if threads is not None and threads <= 1:
+        _count_before_fork = cv2.getNumThreads()
+        cv2.setNumThreads(threads)
 
 
 def _after_fork_in_parent() -> None:
@@ -131,10 +137,11 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _count_before_fork, _threads_settled
+    global _count_before_fork, _pool_inherited, _threads_settled
     # A pool inherited from a process that had imported OpenCV is never touched again: set
     # by _before_fork, or of unknown state. Without OpenCV, the first one here is new.
-    _threads_settled = "cv2" in sys.modules
+    _pool_inherited = "cv2" in sys.modules
+    _threads_settled = False
     _count_before_fork = None
 
 
