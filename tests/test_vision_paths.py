@@ -312,6 +312,32 @@ def test_shardloader_cv2_threads_sets_the_workers_pool(rec, cv2_threads, monkeyp
             _codecs.worker_threads()
 
 
+@pytest.mark.timeout(120)
+def test_loaders_starting_fork_workers_at_once_leave_the_users_count(rec, cv2_threads, no_leaks):
+    """A train and a val loader may start their workers at the same moment, each from its own
+    thread: every worker gets one thread, and the parent's count comes back whatever order
+    the forks interleave in (the first in saves it, the last out restores it)."""
+    import threading
+
+    seen, errors = [], []
+
+    def start():
+        try:
+            seen.append(_threads_seen(rec, num_workers=2, start_method="fork"))
+        except BaseException as exc:  # reported below, on the test's thread
+            errors.append(exc)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=start) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and not any(t.is_alive() for t in threads)
+        assert cv2_threads.getNumThreads() == 3
+    assert seen == [{1}] * 9
+
+
 @pytest.mark.timeout(60)
 def test_a_bad_shardloader_cv2_threads_reaches_the_user_from_a_forked_worker(
     rec, cv2_threads, monkeypatch, no_leaks

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -28,6 +29,7 @@ _modules: Optional[Tuple[Any, Any]] = None
 THREADS_ENV = "SHARDLOADER_CV2_THREADS"
 _WORKER_THREADS = 1
 _threads_settled = False
+_launching = threading.local()  # per thread: did _before_fork set the pool
 
 
 def modules() -> Optional[Tuple[Any, Any]]:
@@ -108,14 +110,18 @@ def settle_threads() -> None:
 
 # Under fork, the parent sets its own pool to one thread just before it forks a loader's
 # worker, and back just after: the worker then inherits a pool with no threads, and never
-# reconfigures it. The parent's previous count, while a worker is being forked; and, in a
-# forked process, whether its pool came from a parent that had imported OpenCV.
+# reconfigures it. Several threads may start workers at once (a train and a val loader, each
+# from its prefetching thread): the first to fork saves the parent's count and the last one
+# out restores it. In a forked process, whether its pool came from a parent that had
+# imported OpenCV.
+_fork_lock = threading.Lock()
+_forks_in_flight = 0
 _count_before_fork: Optional[int] = None
 _pool_inherited = False
 
 
 def _before_fork() -> None:
-    global _count_before_fork
+    global _count_before_fork, _forks_in_flight
     cv2 = sys.modules.get("cv2")
     if cv2 is None or not launching_worker():
         return  # without OpenCV here yet the worker's pool is new: settle_threads sets it
@@ -124,25 +130,37 @@ def _before_fork() -> None:
     except ValueError:
         return  # raised in the worker, by settle_threads, where it reaches the user
     # A count above one cannot be inherited safely (a pool of threads that are not forked).
-    if threads is not None and threads <= 1:
-        _count_before_fork = cv2.getNumThreads()
+    if threads is None or threads > 1:
+        return
+    with _fork_lock:
+        if _forks_in_flight == 0:
+            _count_before_fork = cv2.getNumThreads()
+        _forks_in_flight += 1
         cv2.setNumThreads(threads)
+    _launching.pool_set = True
 
 
 def _after_fork_in_parent() -> None:
-    global _count_before_fork
-    if _count_before_fork is not None:
-        sys.modules["cv2"].setNumThreads(_count_before_fork)
-        _count_before_fork = None
+    global _count_before_fork, _forks_in_flight
+    if not getattr(_launching, "pool_set", False):
+        return
+    _launching.pool_set = False
+    with _fork_lock:
+        _forks_in_flight -= 1
+        if _forks_in_flight == 0 and _count_before_fork is not None:
+            sys.modules["cv2"].setNumThreads(_count_before_fork)
+            _count_before_fork = None
 
 
 def _after_fork_in_child() -> None:
-    global _count_before_fork, _pool_inherited, _threads_settled
+    global _count_before_fork, _fork_lock, _forks_in_flight, _pool_inherited, _threads_settled
     # A pool inherited from a process that had imported OpenCV is never touched again: set
-    # by _before_fork, or of unknown state. Without OpenCV, the first one here is new.
+    # by _before_fork, or of unknown state. Without OpenCV, the first one here is new. The
+    # lock may have been held by another of the parent's threads: this process gets its own.
     _pool_inherited = "cv2" in sys.modules
     _threads_settled = False
-    _count_before_fork = None
+    _fork_lock, _forks_in_flight, _count_before_fork = threading.Lock(), 0, None
+    _launching.pool_set = False
 
 
 os.register_at_fork(
