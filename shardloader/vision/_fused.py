@@ -3,9 +3,10 @@
 ``FusedDataset.__getitem__`` reads an image's bytes, parses its JPEG header and draws the
 pipeline's random parameters: that is all that runs while the loader has seeded the sample
 (docs/design.md, invariant 5), so seeded thread workers hold their lock only briefly.
-``FusedBatchify`` then decodes, crops, resizes and flips each image straight into one uint8
-buffer, and applies ToTensor and Normalize to the whole batch at once, into a buffer from
-the batch allocator (a worker's shared-memory slot).
+``FusedBatchify`` then decodes, crops, resizes and flips each image into one small uint8
+buffer and, while it is still in the cache, applies ToTensor and Normalize as it splits it
+into its planes of the batch, a buffer from the batch allocator (a worker's shared-memory
+slot); for ``output="hwc"`` the image is written straight into the batch.
 
 An image libjpeg-turbo cannot read (PNG, CMYK, damaged bytes) is decoded by MXNet's own
 decoder instead; one no decoder reads raises the dataset's own error, naming the record.
@@ -146,59 +147,59 @@ class FusedBatchify:
     def images(self, images: Sequence[Pending]) -> Any:
         pipeline = self.pipeline
         n, (height, width, channels) = len(images), images[0].shape(pipeline)
-        shape = (n, height, width, channels)
-        hwc = pipeline.output == "hwc"
-        pixels = _alloc.empty(shape, np.uint8) if hwc else _buffer(shape)
-        for i, image in enumerate(images):
-            try:
-                image.render(pipeline, pixels[i])
-            except _ShapeMismatch as exc:
-                raise _mismatch(i, exc.shape, shape[1:]) from None
-        if hwc:
+        image_shape = (height, width, channels)
+        if pipeline.output == "hwc":
+            pixels = _alloc.empty((n,) + image_shape, np.uint8)
+            for i, image in enumerate(images):
+                _render(pipeline, image, i, pixels[i])
             return _alloc.to_output(pixels)
-        if pipeline.output == "uint8":
-            out = _alloc.empty((n, channels, height, width), np.uint8)
-            _planes(pixels, out, None)
-        else:
-            out = _alloc.empty((n, channels, height, width), pipeline.dtype)
-            _planes(pixels, out, pipeline.lut)
+        # Planar output: each image is rendered into one small buffer and spread into its
+        # planes at once, while its pixels are still in the cache.
+        lut = None if pipeline.output == "uint8" else pipeline.lut
+        dtype = np.uint8 if lut is None else pipeline.dtype
+        out = _alloc.empty((n, channels, height, width), dtype)
+        scratch = _buffer(image_shape)
+        for i, image in enumerate(images):
+            _render(pipeline, image, i, scratch)
+            _planes(scratch, out[i], lut)
         return _alloc.to_output(out)
 
 
-def _planes(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> None:
-    """NHWC uint8 ``pixels`` into NCHW ``out``, through ``lut[c]`` per channel if given.
+def _render(pipeline: ImagePipeline, image: Pending, position: int, out: np.ndarray) -> None:
+    try:
+        image.render(pipeline, out)
+    except _ShapeMismatch as exc:
+        raise _mismatch(position, exc.shape, out.shape) from None
 
-    One channel at a time, each a contiguous plane: OpenCV extracts the plane and maps it
-    through the table (measured fastest of numpy's take, arithmetic and per-pixel tables:
+
+def _planes(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> None:
+    """One HWC uint8 image into its CHW ``out``, through ``lut[c]`` per channel if given.
+
+    OpenCV splits the image into contiguous planes in one pass and maps each through its
+    table (measured fastest of numpy's take, arithmetic and per-pixel tables:
     docs/design.md, "Image decoding").
     """
     cv2 = _codecs.loaded()[1]
-    n, height, width, channels = pixels.shape
-    plane = _buffer_plane(height, width)
-    direct = out.dtype == np.float32 or lut is None
-    staged = np.empty((0, 0) if direct else (height, width), np.float32)
-    tables = [] if lut is None else [lut[c].reshape(1, 256) for c in range(channels)]
-    for i in range(n):
-        for c in range(channels):
-            if lut is None:
-                target = out[i, c]
-                if channels == 1:
-                    target[...] = pixels[i, :, :, 0]
-                else:
-                    cv2.extractChannel(pixels[i], c, dst=target)
-                continue
-            if channels == 1:
-                source = pixels[i, :, :, 0]
-            else:
-                source = cv2.extractChannel(pixels[i], c, dst=plane)
-            target = out[i, c] if direct else staged
-            cv2.LUT(source, tables[c], dst=target)
-            if not direct:
-                np.copyto(out[i, c], staged, casting="unsafe")
+    height, width, channels = pixels.shape
+    if lut is None:
+        if channels == 1:
+            out[0] = pixels[:, :, 0]
+        else:
+            cv2.split(pixels, list(out))
+        return
+    planes = [pixels[:, :, 0]] if channels == 1 else cv2.split(pixels, _buffer_planes(pixels))
+    for c, plane in enumerate(planes):
+        table = lut[c].reshape(1, 256)
+        if out.dtype == np.float32:
+            cv2.LUT(plane, table, dst=out[c])
+        else:
+            np.copyto(out[c], cv2.LUT(plane, table), casting="unsafe")
 
 
-def _buffer_plane(height: int, width: int) -> np.ndarray:
-    plane = getattr(_scratch, "plane", None)
-    if plane is None or plane.shape != (height, width):
-        plane = _scratch.plane = np.empty((height, width), np.uint8)
-    return plane
+def _buffer_planes(pixels: np.ndarray) -> list:
+    """Per-thread uint8 planes for one image's channels, reused from image to image."""
+    height, width, channels = pixels.shape
+    planes = getattr(_scratch, "planes", None)
+    if planes is None or len(planes) != channels or planes[0].shape != (height, width):
+        planes = _scratch.planes = [np.empty((height, width), np.uint8) for _ in range(channels)]
+    return planes
