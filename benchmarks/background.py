@@ -1,27 +1,37 @@
 """Fixed background work to measure loaders beside: what else a busy training machine runs.
 
 ``background(name, rec=..., folder=...)`` is a context manager: it starts the background in
-its own process (its own session, so its workers go with it), waits until that work is in
+its own process and process group (so its workers go with it), waits until that work is in
 its steady state, yields, then stops it: ``SIGTERM`` first (it finishes its step, closes its
 loader and exits), ``SIGKILL`` for the whole process group after ``stop_timeout_s``. Nothing
 is left behind. The yielded dict says what ran and, once the block ends, how fast it went
 (``steps``, ``seconds``, ``steps_per_s``) and whether anything had to be killed.
+
+**Sessions.** Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``)
+shares the CPU between *sessions* first and between threads within a session second. A
+training program's own step runs in the session of its loader's workers, so they compete
+thread by thread; another job (started from another login, or by a scheduler) has its own
+session, which then takes an equal share of the machine however many threads either runs.
+So ``train`` runs in the caller's session, and ``train-job`` and ``loader`` in their own.
 
 The backgrounds (fixed, so that figures measured beside them compare):
 
 ``none``
     Nothing.
 ``train``
-    A training step's stand-in: a small CNN (conv 3->32, 32->64, 64->128, each 3x3 stride 2
-    with ReLU, global average pool, dense 128->10) trained with SGD on random float32
-    batches of 16x3x224x224, on the CPU, with MXNet's default threads (OpenMP over every
-    core; nothing is set), looping until stopped. Steady state: 3 steps done.
+    A training step's stand-in, as the training program's own step (the caller's session):
+    a small CNN (conv 3->32, 32->64, 64->128, each 3x3 stride 2 with ReLU, global average
+    pool, dense 128->10) trained with SGD on random float32 batches of 16x3x224x224, on the
+    CPU, with MXNet's default threads (OpenMP over every core; nothing is set), looping until
+    stopped. Steady state: 3 steps done.
+``train-job``
+    The same training step as another job: in its own session.
 ``loader``
-    A second input pipeline of the same kind, as another job's: ``ShardedDataLoader`` over
-    ``rec`` (Gluon's ``ImageRecordDataset``) or ``folder`` (``ImageFolderDataset``) with W5's
-    transforms (``RandomResizedCrop(224)``, a flip, ``ToTensor``, ``Normalize``: the fused
-    path), batch 64, 2 process workers, shuffled, looping over epochs until stopped.
-    Steady state: 8 batches done.
+    A second input pipeline of the same kind, as another job's (its own session):
+    ``ShardedDataLoader`` over ``rec`` (Gluon's ``ImageRecordDataset``) or ``folder``
+    (``ImageFolderDataset``) with W5's transforms (``RandomResizedCrop(224)``, a flip,
+    ``ToTensor``, ``Normalize``: the fused path), batch 64, 2 process workers, shuffled,
+    looping over epochs until stopped. Steady state: 8 batches done.
 
 Run one by hand with ``python -m benchmarks.background train`` (Ctrl-C stops it).
 """
@@ -45,7 +55,9 @@ from .harness import group_alive
 
 __all__ = ["BACKGROUNDS", "background"]
 
-BACKGROUNDS = ("none", "train", "loader")
+BACKGROUNDS = ("none", "train", "train-job", "loader")
+_WORK = {"train": "train", "train-job": "train", "loader": "loader"}  # what each one runs
+_OWN_SESSION = ("train-job", "loader")  # another job's; "train" is the caller's own step
 
 TRAIN_BATCH = 16
 TRAIN_SHAPE = (3, 224, 224)
@@ -80,7 +92,7 @@ def background(
     if name == "none":
         yield info
         return
-    command = [sys.executable, "-m", "benchmarks.background", name]
+    command = [sys.executable, "-m", "benchmarks.background", _WORK[name]]
     command += ["--rec", rec] if rec else []
     command += ["--folder", folder] if folder else []
     env = dict(os.environ)
@@ -92,7 +104,10 @@ def background(
             env=env,
             stdout=subprocess.PIPE,
             stderr=errors,
-            start_new_session=True,  # its own process group: its workers are killed with it
+            # its own process group, so its workers are killed with it; its own session
+            # (scheduled as another job) or the caller's (module docstring, "Sessions")
+            start_new_session=name in _OWN_SESSION,
+            process_group=None if name in _OWN_SESSION else 0,
         )
         try:
             _wait_ready(proc, ready_timeout_s, errors)
@@ -104,10 +119,12 @@ def background(
 
 def describe(name: str, rec: Optional[str] = None, folder: Optional[str] = None) -> str:
     """One line saying what the background ``name`` runs (for tables and JSON)."""
-    if name == "train":
+    if name in ("train", "train-job"):
+        where = "its own session" if name in _OWN_SESSION else "the loader's session"
         return (
             f"a small CNN (3 convs + dense) training with SGD on {TRAIN_BATCH}x"
-            f"{'x'.join(map(str, TRAIN_SHAPE))} float32 batches, CPU, MXNet's default threads"
+            f"{'x'.join(map(str, TRAIN_SHAPE))} float32 batches, CPU, MXNet's default threads, "
+            f"in {where}"
         )
     if name == "loader":
         source = f"ImageRecordDataset({os.path.basename(rec)})" if rec else "ImageFolderDataset"
@@ -246,7 +263,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.background", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("name", choices=[b for b in BACKGROUNDS if b != "none"])
+    parser.add_argument("name", choices=sorted(set(_WORK.values())))
     parser.add_argument("--rec")
     parser.add_argument("--folder")
     args = parser.parse_args(argv)

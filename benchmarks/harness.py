@@ -329,7 +329,9 @@ def _isolated_main(
 ) -> None:
     import multiprocessing
 
-    os.setsid()  # its own process group, so a timeout can kill its workers with it
+    # Its own process group, so a timeout can kill its workers with it, in the caller's
+    # session: scheduled with what the caller runs (benchmarks/background.py, "Sessions").
+    os.setpgid(0, 0)
     # A child of the fork server inherits "forkserver" as its default start method; a user's
     # main process on Linux has "fork", which is what Gluon's Pool (and torch) then use.
     multiprocessing.set_start_method("fork", force=True)

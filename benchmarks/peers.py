@@ -45,6 +45,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .background import BACKGROUNDS, background
 from .harness import run_isolated
 from .summary import median
 from .tables import fmt
@@ -57,7 +58,6 @@ WORKERS = 2
 _N = 2048  # W5's and W7's images
 _TIMEOUT_S = 240.0
 _FLOOR_IMAGES = 384
-BACKGROUNDS = ("none", "train", "loader")
 
 # id -> (what the tables call it, the data it reads, how it runs it)
 LOADERS: Dict[str, Tuple[str, str, str]] = {
@@ -271,7 +271,7 @@ def run_peer(python: str, case: Dict[str, Any], timeout_s: float) -> Dict[str, A
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its own group: a timeout kills its workers with it
+        process_group=0,  # its own group (a timeout kills its workers with it), our session
     )
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -610,8 +610,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.background == "none":
         done = run_rounds(args, data)
     else:
-        from .background import background  # imported only when asked for
-
         # "loader": a second shardloader over W5's records, as another job's input pipeline.
         where = {"rec": data["rec"]} if args.background == "loader" else {}
         with background(args.background, **where) as beside:

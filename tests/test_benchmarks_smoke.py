@@ -694,23 +694,27 @@ def test_run_measures_the_folder_workload_end_to_end(tmp_path, capsys, fonts_loa
 @pytest.mark.timeout(120)
 def test_backgrounds_reach_their_steady_state_and_leave_nothing_behind(jpeg_rec):
     """``background(name)``: the training step and the second loader start, run in their own
-    process group (the loader with its 2 workers), stop on leaving the block with their
-    rate, and leave no process (``no_leaks``)."""
+    process group (the loader with its 2 workers; the training step in our session, the
+    loader in its own), stop on leaving the block with their rate, and leave no process
+    (``no_leaks``)."""
     import psutil
 
     from benchmarks.background import background
 
-    gpu = "one of \\('none', 'train', 'loader'\\), got 'gpu'"
+    gpu = "one of \\('none', 'train', 'train-job', 'loader'\\), got 'gpu'"
     with pytest.raises(ValueError, match=gpu), background("gpu"):
         pass
     with pytest.raises(ValueError, match="one of rec= or folder="), background("loader"):
         pass
     with background("none") as info:
         assert info["what"] == "nothing"
-    for name, workers in (("train", 0), ("loader", 2)):
+    for name, workers, own_session in (("train", 0, False), ("loader", 2, True)):
         with background(name, rec=jpeg_rec) as info:
             process = psutil.Process(info["pid"])
             assert os.getpgid(process.pid) == process.pid  # its own group
+            # the training program's own step shares our session; another job has its own
+            assert (os.getsid(process.pid) == process.pid) == own_session
+            assert (os.getsid(process.pid) == os.getsid(0)) != own_session
             assert len(process.children()) == workers
         assert (info["exit_code"], info["killed"]) == (0, False), info
         assert info["steps"] >= 0 and info["seconds"] > 0
