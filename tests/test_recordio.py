@@ -19,6 +19,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 from _backends import BACKENDS, FixedSampler
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardloader import ShardedDataLoader
 from shardloader.recordio import (
@@ -1040,3 +1042,38 @@ def test_image_record_dataset_says_how_it_decodes(tmp_path):
     assert (coloured.flag, coloured.transform_fn) == (1, None)
     assert grey[0][0].shape == (4, 4, 1) and coloured[0][0].shape == (4, 4, 3)
     assert len(coloured.transform(lambda image, label: label)) == 2
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.integers(0, 9000),
+    places=st.lists(st.integers(0, 9000), max_size=4),
+    cut=st.integers(0, 9000),
+)
+def test_the_magic_search_finds_the_first_aligned_copy_at_every_length(size, places, cut):
+    """``_aligned_magic`` searches short data and compares long data word by word (from
+    4,096 bytes): both give the first 4-aligned copy wholly inside ``data[:length]``."""
+    from shardloader.recordio._format import _MAGIC_BYTES, _aligned_magic
+
+    data = bytearray(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8))
+    for place in places:
+        if place + 4 <= size:
+            data[place : place + 4] = _MAGIC_BYTES
+    length = min(cut, size)
+    expected = next((p for p in range(0, length - 3, 4) if data[p : p + 4] == _MAGIC_BYTES), -1)
+    assert _aligned_magic(bytes(data), length) == expected
+
+
+def test_a_long_record_that_swallows_the_next_header_is_caught(tmp_path):
+    """The word-by-word search (records from 4,096 bytes) catches a length field that runs
+    over the next record's header, as the short search does."""
+    records = [bytes(8192), b"", b"wxyz"]
+    rec, idx = pack_records(tmp_path / "long.rec", records)
+    offsets = offsets_of(idx)
+    (tmp_path / "sparse.idx").write_text(f"0\t{offsets[0]}\n2\t{offsets[2]}\n")
+    write_header(rec, offsets[0], length=8192 + 8)
+    dataset = RecordDataset(rec, tmp_path / "sparse.idx")
+    with pytest.raises(RecordIOError, match=r"record 0 \(key 0.*runs over a record header"):
+        dataset[0]
+    assert dataset[1] == b"wxyz"
