@@ -47,6 +47,21 @@ def test_the_loaders_signature_and_its_options_agree():
     assert list(signature)[len(gluon)] == fourteenth
 
 
+def test_the_loader_makes_its_options_from_its_arguments_before_anything_else():
+    """``LoaderOptions.from_arguments(locals())`` is the first statement of the loader's
+    ``__init__``: a statement above it could rebind an argument, or add a local, that the
+    options would then take for what the user passed."""
+    import ast
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(ShardedDataLoader.__init__)))
+    body = tree.body[0].body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    first = ast.unparse(body[0])
+    assert first == "self._opts = _options.LoaderOptions.from_arguments(locals())", first
+
+
 def test_the_record_doors_signature_and_its_options_agree():
     from shardloader.image_record import ImageRecordLoader, _DoorOptions
 
