@@ -144,7 +144,9 @@ def test_restart_policy_gives_up_on_a_batch_that_always_kills_its_worker():
 def test_timeout_names_the_batch_and_loader_recovers(pool, tmp_path, capsys):
     flag = tmp_path / "slow"
     flag.touch()
-    ds = SleepyDataset(16, bad=6, seconds=4, flag_file=str(flag))
+    # A thread cannot be killed: the stuck one wakes when the flag goes (process workers
+    # sleep on, as before).
+    ds = SleepyDataset(16, bad=6, seconds=4, flag_file=str(flag), wake=pool == "thread")
     with ShardedDataLoader(ds, batch_size=4, timeout=1, **QUICK_POOLS[pool]) as loader:
         start = time.monotonic()
         with pytest.raises(LoaderTimeoutError) as info:
@@ -153,9 +155,13 @@ def test_timeout_names_the_batch_and_loader_recovers(pool, tmp_path, capsys):
         assert isinstance(info.value, TimeoutError)
         assert "batch 1" in str(info.value) and "timeout=1.0s" in str(info.value)
         assert "Likely causes" in str(info.value)
+        assert ds.sleeping == (1 if pool == "thread" else 0)  # (a worker process's own copy)
         flag.unlink()
-        if pool == "thread":
-            time.sleep(3.2)  # a thread cannot be killed: let the stuck one finish
+        if pool == "thread":  # let the stuck one finish
+            deadline = time.monotonic() + 10
+            while ds.sleeping and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not ds.sleeping
         assert labels(loader) == list(range(16))
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
