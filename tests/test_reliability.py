@@ -145,15 +145,18 @@ def test_timeout_names_the_batch_and_loader_recovers(pool, tmp_path, capsys):
     flag = tmp_path / "slow"
     flag.touch()
     # A thread cannot be killed: the stuck one wakes when the flag goes (process workers
-    # sleep on, as before).
-    ds = SleepyDataset(16, bad=6, seconds=4, flag_file=str(flag), wake=pool == "thread")
+    # sleep on, as before). The stuck sample is in batch 2, which a thread takes only after
+    # it has made a batch: thread workers make the pool's first batch one at a time (lazy
+    # set-up), and a sample stuck in it would hold up batch 0 too, on whichever thread
+    # took batch 1 first (the timeout then named batch 0).
+    ds = SleepyDataset(16, bad=10, seconds=4, flag_file=str(flag), wake=pool == "thread")
     with ShardedDataLoader(ds, batch_size=4, timeout=1, **QUICK_POOLS[pool]) as loader:
         start = time.monotonic()
         with pytest.raises(LoaderTimeoutError) as info:
             list(loader)
         assert time.monotonic() - start < 3.5
         assert isinstance(info.value, TimeoutError)
-        assert "batch 1" in str(info.value) and "timeout=1.0s" in str(info.value)
+        assert "batch 2" in str(info.value) and "timeout=1.0s" in str(info.value)
         assert "Likely causes" in str(info.value)
         assert ds.sleeping == (1 if pool == "thread" else 0)  # (a worker process's own copy)
         flag.unlink()
