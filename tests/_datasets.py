@@ -64,15 +64,30 @@ class ExitingDataset(RangeDataset):
 
 
 class SleepyDataset(RangeDataset):
-    """Sleeps ``seconds`` at index ``bad`` while ``flag_file`` exists."""
+    """Sleeps ``seconds`` at index ``bad`` while ``flag_file`` exists. With ``wake=True``,
+    removing the file also ends a sleep under way (within 50 ms), and ``sleeping`` counts
+    the calls asleep in this process (a thread pool's: what a test waits on, instead of a
+    fixed sleep)."""
 
-    def __init__(self, n: int, bad: int, seconds: float, flag_file: str) -> None:
+    def __init__(
+        self, n: int, bad: int, seconds: float, flag_file: str, wake: bool = False
+    ) -> None:
         super().__init__(n)
-        self.bad, self.seconds, self.flag_file = bad, seconds, flag_file
+        self.bad, self.seconds, self.flag_file, self.wake = bad, seconds, flag_file, wake
+        self.sleeping = 0
 
     def __getitem__(self, i):
         if i == self.bad and os.path.exists(self.flag_file):
-            time.sleep(self.seconds)
+            if not self.wake:
+                time.sleep(self.seconds)
+                return super().__getitem__(i)
+            self.sleeping += 1
+            try:
+                deadline = time.monotonic() + self.seconds
+                while os.path.exists(self.flag_file) and time.monotonic() < deadline:
+                    time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+            finally:
+                self.sleeping -= 1
         return super().__getitem__(i)
 
 

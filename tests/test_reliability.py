@@ -18,7 +18,7 @@ import psutil
 import pytest
 from _backends import backends
 from _datasets import ExitingDataset, FailingDataset, RangeDataset, SleepyDataset
-from conftest import sigint_ignored, without_mxnet_banner
+from conftest import outstanding_leases, sigint_ignored, without_mxnet_banner
 
 from shardloader import (
     ClosedIteratorError,
@@ -144,21 +144,59 @@ def test_restart_policy_gives_up_on_a_batch_that_always_kills_its_worker():
 def test_timeout_names_the_batch_and_loader_recovers(pool, tmp_path, capsys):
     flag = tmp_path / "slow"
     flag.touch()
-    ds = SleepyDataset(16, bad=6, seconds=4, flag_file=str(flag))
+    # A thread cannot be killed: the stuck one wakes when the flag goes (process workers
+    # sleep on, as before). The stuck sample is in batch 2, which a thread takes only after
+    # it has made a batch: thread workers make the pool's first batch one at a time (lazy
+    # set-up), and a sample stuck in it would hold up batch 0 too, on whichever thread
+    # took batch 1 first (the timeout then named batch 0).
+    ds = SleepyDataset(16, bad=10, seconds=4, flag_file=str(flag), wake=pool == "thread")
     with ShardedDataLoader(ds, batch_size=4, timeout=1, **QUICK_POOLS[pool]) as loader:
         start = time.monotonic()
         with pytest.raises(LoaderTimeoutError) as info:
             list(loader)
         assert time.monotonic() - start < 3.5
         assert isinstance(info.value, TimeoutError)
-        assert "batch 1" in str(info.value) and "timeout=1.0s" in str(info.value)
+        assert "batch 2" in str(info.value) and "timeout=1.0s" in str(info.value)
         assert "Likely causes" in str(info.value)
+        assert ds.sleeping == (1 if pool == "thread" else 0)  # (a worker process's own copy)
         flag.unlink()
-        if pool == "thread":
-            time.sleep(3.2)  # a thread cannot be killed: let the stuck one finish
+        if pool == "thread":  # let the stuck one finish
+            deadline = time.monotonic() + 10
+            while ds.sleeping and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not ds.sleeping
         assert labels(loader) == list(range(16))
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+def test_a_batch_that_returns_after_its_timeout_is_not_kept(tmp_path, no_leaks):
+    """A thread stuck past the timeout returns after the next epoch has closed its pool;
+    the epoch iterator and the error, still held, refer to that pool: it must not keep the
+    late batch (before, it sat in the closed pool's result queue, over the loader's memory,
+    for as long as either lived)."""
+    flag = tmp_path / "slow"
+    flag.touch()
+    ds = SleepyDataset(16, bad=10, seconds=10, flag_file=str(flag), wake=True)
+    with ShardedDataLoader(ds, batch_size=4, timeout=1, **QUICK_POOLS["thread"]) as loader:
+        it = iter(loader)
+        with pytest.raises(LoaderTimeoutError) as info:
+            list(it)
+        assert info.value.seq == 2 and ds.sleeping == 1
+        flag.unlink()
+        deadline = time.monotonic() + 10
+        while ds.sleeping and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # The next epoch closes the old pool, which waits for the woken thread: it has made
+        # its batch by then.
+        assert labels(loader) == list(range(16))
+        leases = outstanding_leases()
+        deadline = time.monotonic() + 3
+        while leases > no_leaks.leases and time.monotonic() < deadline:
+            time.sleep(0.05)
+            leases = outstanding_leases()
+        assert leases == no_leaks.leases, "a closed thread pool holds a batch"
+        del it, info
 
 
 # -------------------------------------------------------------------- clean shutdown

@@ -215,8 +215,24 @@ class _ThreadChannel:
     def put(self, task: Task, seq: int, ok: bool, payload: Any, busy: float) -> None:
         wid = self._worker_id
         self._results.put(Result(task.iter_id, seq, ok, payload, busy, wid, wid))
+        if self._stop.is_set():
+            # The pool was closed while this batch was made (a thread stuck past a timeout
+            # returns late): nobody reads its results again, and whatever still holds the
+            # pool (an old epoch iterator, a kept LoaderTimeoutError) must not hold batches.
+            # The pool empties the queue too once it has set the flag, so a result put
+            # just before it was set goes as well.
+            drop_results(self._results)
 
     def flush(self) -> None:
+        pass
+
+
+def drop_results(results: queue.Queue) -> None:
+    """Empty a closed thread pool's result queue: its batches are nobody's."""
+    try:
+        while True:
+            results.get_nowait()
+    except queue.Empty:
         pass
 
 

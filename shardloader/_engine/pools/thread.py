@@ -2,6 +2,12 @@
 protocol as the process pool (``pools.Pool``). A batch is handed over as it is, with no
 copy; a thread that stops on an error outside a batch is reported as a lost worker and
 never restarted.
+
+A thread cannot be killed: one stuck in a sample when the pool closes (after a
+``LoaderTimeoutError``, the next epoch closes it) is waited for up to
+``timing.JOIN_TIMEOUT_S`` and then left to finish on its own. The batch it makes then is
+dropped as it is put, and a closed pool keeps no result: an old epoch iterator or a kept
+error that still refers to the pool holds no batch.
 """
 
 from __future__ import annotations
@@ -16,16 +22,21 @@ from typing import Any, Callable, List, Optional, Tuple
 from .. import timing
 from ..batch import BatchMaker
 from ..protocol import Result, Task, WorkerLost
-from ..worker import WorkerInfo, thread_worker_main
+from ..worker import WorkerInfo, drop_results, thread_worker_main
 from .base import finalizing, fresh_entropy
 
 
 def _shutdown_threads(
-    threads: List[threading.Thread], tasks: queue.Queue, stop: threading.Event, owner: int
+    threads: List[threading.Thread],
+    tasks: queue.Queue,
+    results: queue.Queue,
+    stop: threading.Event,
+    owner: int,
 ) -> None:
     if os.getpid() != owner:
         return  # a child made with os.fork(): the threads (and the queue's users) stay behind
     stop.set()
+    drop_results(results)  # (a thread that puts one after this drops it itself)
     for _ in threads:
         tasks.put(None)
     if not finalizing():
@@ -89,7 +100,13 @@ class ThreadPool:
             t.start()
         self._owner = os.getpid()  # a forked child gets a copy of this pool, not its threads
         self._finalizer = weakref.finalize(
-            self, _shutdown_threads, self._threads, self._tasks, self._stop, self._owner
+            self,
+            _shutdown_threads,
+            self._threads,
+            self._tasks,
+            self._results,
+            self._stop,
+            self._owner,
         )
 
     @property
