@@ -265,12 +265,12 @@ class LoaderDataIter(_CurrentBatch):
         self._check_open("trying to advance")
         if self._ended:
             raise StopIteration
-        self._open_epoch()
+        epoch = self._open_epoch()
         if self._pending is not None:
             raw, self._pending = self._pending, None
         else:
             try:
-                raw = next(self._epoch)
+                raw = next(epoch)
             except StopIteration:
                 # Some loaders' iterators refuse to be advanced past their end; don't ask them.
                 self._close_epoch()
@@ -290,10 +290,11 @@ class LoaderDataIter(_CurrentBatch):
         if not self._ended:
             self._open_epoch()
 
-    def _open_epoch(self) -> None:
+    def _open_epoch(self) -> Iterator:
         if self._epoch is None:
             self._epoch = iter(self._loader)
             self._position = 0
+        return self._epoch
 
     def reset(self) -> None:
         """Start a new epoch; at any point, closing the current epoch's iterator if it can."""

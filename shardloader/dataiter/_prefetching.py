@@ -139,6 +139,9 @@ class PrefetchingIter(_CurrentBatch):
     and ``index`` from the first). Unlike MXNet's, it never hangs and never races:
 
     * loading starts in the constructor;
+    * the epoch of each wrapped ``LoaderDataIter`` starts on the calling thread (in the
+      constructor and in ``reset()``), so a loader's worker processes are never forked from
+      the prefetch thread while the caller is inside MXNet (see docs/dataiter.md);
     * any exception raised by a wrapped iterator is re-raised by ``next()`` with its
       traceback, after the batches before it; ``next()`` then raises ``StopIteration``
       until ``reset()``;
