@@ -1,15 +1,25 @@
 """Module-level datasets and batchify functions for tests/test_resources.py (they must
-pickle under spawn and be importable by worker processes)."""
+pickle under spawn and be importable by worker processes), and ``run_program``, which runs a
+program of tests/scripts/ with a deadline."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import mxnet as mx
 import numpy as np
+import pytest
 
 from shardloader import DataLoader
 from shardloader.batchify import Stack
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "scripts")
+ROOT = os.path.dirname(HERE)
 
 
 class SlowDataset:
@@ -99,3 +109,27 @@ class LazySetupDataset:
             self.inside -= 1
             self.ready = True
         return np.float32(i)
+
+
+def run_program(name: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    """Run ``tests/scripts/<name>`` in its own interpreter and process group, against this
+    checkout's shardloader, with a deadline (a hang kills the whole group)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(SCRIPTS, name), *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{name} {' '.join(args)} hung past {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -11,7 +11,6 @@ import functools
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -21,43 +20,16 @@ import warnings
 import numpy as np
 import pytest
 from _datasets import RangeDataset
+from _programs import run_program
 
 import shardloader
 from shardloader import ShardedDataLoader, WorkerDiedError
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("no_leaks")]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "scripts")
-ROOT = os.path.dirname(HERE)
-
 
 def labels(loader):
     return [int(v) for _, y in loader for v in y.asnumpy()]
-
-
-def run_program(name: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    """Run ``tests/scripts/<name>`` in its own interpreter and process group, against this
-    checkout's shardloader, with a deadline (a hang kills the whole group)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(SCRIPTS, name), *args],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{name} {' '.join(args)} hung past {timeout} s:\n{out}\n{err}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 # -------------------------------------------- item 9: worker_init_fn raises in a process worker

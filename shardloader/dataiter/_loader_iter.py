@@ -265,14 +265,12 @@ class LoaderDataIter(_CurrentBatch):
         self._check_open("trying to advance")
         if self._ended:
             raise StopIteration
-        if self._epoch is None:
-            self._epoch = iter(self._loader)
-            self._position = 0
+        epoch = self._open_epoch()
         if self._pending is not None:
             raw, self._pending = self._pending, None
         else:
             try:
-                raw = next(self._epoch)
+                raw = next(epoch)
             except StopIteration:
                 # Some loaders' iterators refuse to be advanced past their end; don't ask them.
                 self._close_epoch()
@@ -280,6 +278,23 @@ class LoaderDataIter(_CurrentBatch):
                 raise
         self._current = self._make_batch(raw)
         return self._current
+
+    def start_epoch(self) -> None:
+        """Start the epoch ``next()`` will read (``iter(loader)``) now, on this thread.
+
+        ``next()`` does it by itself; ``PrefetchingIter`` calls this on the thread that made
+        it, before its own thread reads, so that a loader's worker processes are forked here
+        and not beside the caller's MXNet work (see docs/dataiter.md). Nothing happens if the
+        epoch is already started or has ended."""
+        self._check_open("cannot start an epoch")
+        if not self._ended:
+            self._open_epoch()
+
+    def _open_epoch(self) -> Iterator:
+        if self._epoch is None:
+            self._epoch = iter(self._loader)
+            self._position = 0
+        return self._epoch
 
     def reset(self) -> None:
         """Start a new epoch; at any point, closing the current epoch's iterator if it can."""

@@ -13,6 +13,7 @@ from .._validate import check_int
 from ..prefetch import PrefetchIterator
 from ._arrays import _batch_axis, _renamed
 from ._base import _CurrentBatch
+from ._loader_iter import LoaderDataIter
 
 _Rename = Optional[Dict[str, str]]
 
@@ -56,8 +57,31 @@ class _Wrapped:
         self.copy = copy
 
 
-def _combined_batches(wrapped: List[_Wrapped]) -> Iterator[DataBatch]:
-    """Thread side: one combined ``DataBatch`` per step of the wrapped iterators."""
+def _start_epochs(wrapped: List[_Wrapped]) -> Optional[Exception]:
+    """Caller side, before the thread starts: start each ``LoaderDataIter``'s epoch here.
+
+    A loader with worker processes forks them when its epoch starts. Forked from the
+    prefetch thread, they could be forked while the caller's thread is inside MXNet (binding
+    a module, an update), and MXNet's own fork handlers (they stop and restart its engine)
+    then lose an operation or hand the worker a lock held for ever: the training process or
+    the worker hangs. Started here, the fork happens while the caller is in this call. An
+    error is returned, for the thread to raise at its position (before the first batch)."""
+    try:
+        for w in wrapped:
+            if isinstance(w.it, LoaderDataIter):
+                w.it.start_epoch()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _combined_batches(
+    wrapped: List[_Wrapped], failed: Optional[Exception] = None
+) -> Iterator[DataBatch]:
+    """Thread side: one combined ``DataBatch`` per step of the wrapped iterators (``failed``:
+    the error of ``_start_epochs``, raised first)."""
+    if failed is not None:
+        raise failed
     step = 0
     while True:
         batches = []
@@ -115,6 +139,9 @@ class PrefetchingIter(_CurrentBatch):
     and ``index`` from the first). Unlike MXNet's, it never hangs and never races:
 
     * loading starts in the constructor;
+    * the epoch of each wrapped ``LoaderDataIter`` starts on the calling thread (in the
+      constructor and in ``reset()``), so a loader's worker processes are never forked from
+      the prefetch thread while the caller is inside MXNet (see docs/dataiter.md);
     * any exception raised by a wrapped iterator is re-raised by ``next()`` with its
       traceback, after the batches before it; ``next()`` then raises ``StopIteration``
       until ``reset()``;
@@ -181,8 +208,9 @@ class PrefetchingIter(_CurrentBatch):
         self._prefetched = self._start()
 
     def _start(self) -> PrefetchIterator:
+        failed = _start_epochs(self._wrapped)
         return PrefetchIterator(
-            _combined_batches(self._wrapped), self._buffer_size, name="dataiter"
+            _combined_batches(self._wrapped, failed), self._buffer_size, name="dataiter"
         )
 
     def next(self) -> DataBatch:
