@@ -148,7 +148,8 @@ def test_timeout_names_the_batch_and_loader_recovers(pool, tmp_path, capsys):
     # sleep on, as before). The stuck sample is in batch 2, which a thread takes only after
     # it has made a batch: thread workers make the pool's first batch one at a time (lazy
     # set-up), and a sample stuck in it would hold up batch 0 too, on whichever thread
-    # took batch 1 first (the timeout then named batch 0).
+    # took batch 1 first (the timeout is then batch 0's, and names batch 1 as the one to
+    # look at: tests/test_stages.py makes that case on purpose).
     ds = SleepyDataset(16, bad=10, seconds=4, flag_file=str(flag), wake=pool == "thread")
     with ShardedDataLoader(ds, batch_size=4, timeout=1, **QUICK_POOLS[pool]) as loader:
         start = time.monotonic()

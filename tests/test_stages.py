@@ -217,11 +217,84 @@ def test_router_timeout_names_the_batch_and_marks_the_pool_for_rebuilding(no_lea
     router = Router(_pool("thread", dataset=_Stuck(), workers=1), "raise", Stats())
     try:
         stage = PooledEpoch(router, iter(enumerate([[0, 1]])), 0, 0, prefetch=1, timeout=0.2)
-        with pytest.raises(LoaderTimeoutError, match=r"batch 0 \(indices \[0, 1\]\)"):
+        with pytest.raises(LoaderTimeoutError, match=r"batch 0 \(indices \[0, 1\]\)") as info:
             next(stage)
+        assert "first batch" not in str(info.value)  # it holds the turn itself
         assert not router.healthy
         assert stage.ended
     finally:
+        router.shutdown()
+
+
+class _StuckInBatchOne:
+    """Index 4, batch 1's first sample, blocks until ``release`` is set, and says when it
+    has started; every other index loads at once."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def __len__(self) -> int:
+        return len(DATA)
+
+    def __getitem__(self, i):
+        if i == 4:
+            self.started.set()
+            self.release.wait(30)
+        return DATA[i]
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_behind_the_first_batch_names_the_batch_that_holds_it(no_leaks):
+    """Thread workers make a pool's first batch one at a time (lazy set-up). When batch 1
+    took that turn and is stuck, batch 0 waits behind it: the timeout is about batch 0, and
+    must name batch 1 as where to look (before, only batch 0, whose samples are fine)."""
+    ds = _StuckInBatchOne()
+    router = Router(_pool("thread", dataset=ds), "raise", Stats())
+
+    def items():
+        # Batch 1 alone first: its thread takes the turn (there is no other batch yet) and
+        # blocks in sample 4. Only then is batch 0 dispatched, to the other thread.
+        yield 1, BATCHES[1]
+        if not ds.started.wait(10):
+            raise AssertionError("batch 1 never started")
+        yield 0, BATCHES[0]
+
+    try:
+        stage = PooledEpoch(router, items(), 0, 0, prefetch=2, timeout=0.3)
+        assert ds.started.is_set() and stage.in_flight == 2
+        with pytest.raises(LoaderTimeoutError) as info:
+            next(stage)
+        err = info.value
+        assert err.seq == 0 and list(err.indices) == BATCHES[0]
+        message = str(err)
+        assert message.startswith("batch 0 (indices [0, 1, 2, 3]) was not ready after")
+        assert "It waits for the pool's first batch" in message
+        assert "it is batch 1 (indices [4, 5, 6, 7]), in the making for" in message
+        assert "look there" in message
+        assert not router.healthy
+    finally:
+        ds.release.set()
+        router.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_timeout_behind_another_epochs_first_batch_says_whose_it_is(no_leaks):
+    """Two epochs open on one pool: the first one's batch 0 holds the turn, stuck; the
+    second one's batch 0 times out behind it, and the message says it is another epoch's."""
+    ds = _StuckInBatchOne()
+    router = Router(_pool("thread", dataset=ds), "raise", Stats())
+    try:
+        first = PooledEpoch(router, iter([(0, BATCHES[1])]), 0, 0, prefetch=1, timeout=None)
+        assert ds.started.wait(10)
+        second = PooledEpoch(router, iter([(0, BATCHES[0])]), 0, 0, prefetch=1, timeout=0.3)
+        with pytest.raises(LoaderTimeoutError) as info:
+            next(second)
+        assert info.value.seq == 0 and list(info.value.indices) == BATCHES[0]
+        assert "it is batch 0 of another epoch (indices [4, 5, 6, 7])" in str(info.value)
+        first.close()
+    finally:
+        ds.release.set()
         router.shutdown()
 
 

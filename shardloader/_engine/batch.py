@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Callable, ContextManager, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from .seeding import (
     seed_python_and_numpy,
 )
 
-__all__ = ["BatchMaker"]
+__all__ = ["BatchMaker", "FirstBatchTurn"]
 
 
 def _check_index(index: Any, position: int, length: int) -> None:
@@ -57,6 +58,15 @@ def _plain_indices(indices: Sequence, length: int) -> bool:
 
 def _no_context() -> ContextManager:
     return contextlib.nullcontext()
+
+
+class FirstBatchTurn(NamedTuple):
+    """The batch that holds the first-batch turn of threads sharing a dataset (see
+    ``BatchMaker.first_batch_turn``): no other batch is made until it is done."""
+
+    batch: Optional[Tuple[int, int]]  # ``make``'s ``batch``: (iter_id, seq) in a thread pool
+    indices: Sequence
+    since: float  # time.monotonic() when it took the turn
 
 
 class BatchMaker:
@@ -91,6 +101,7 @@ class BatchMaker:
         # Threads sharing a dataset make their first batch one at a time: lazy first-call
         # set-up (a hybridized Gluon transform builds its graph then) is not thread-safe.
         self._first_batch: Optional[threading.Lock] = threading.Lock() if shared_process else None
+        self._turn: Optional[FirstBatchTurn] = None  # the batch making the first batch
         # Seeding random and numpy.random costs a few microseconds a sample, as much as a
         # small sample's loading. The first seeded batch finds out whether the dataset draws
         # from them; if not, later batches load without seeding them, watched, and a batch
@@ -179,12 +190,25 @@ class BatchMaker:
             self._rngs_unused = False
         return not watch.touched
 
+    @property
+    def first_batch_turn(self) -> Optional[FirstBatchTurn]:
+        """The batch making the first batch of threads that share this maker, while one
+        does; None otherwise (and always in a worker process, which shares nothing). That
+        batch holds up every other one: they are made only once it is done."""
+        return self._turn
+
     def make(
-        self, indices: Sequence, epoch: int, output: Callable[[], ContextManager] = _no_context
+        self,
+        indices: Sequence,
+        epoch: int,
+        output: Callable[[], ContextManager] = _no_context,
+        batch: Optional[Tuple[int, int]] = None,
     ) -> Any:
         """The batch (or step) for ``indices``. ``output`` is entered around batchify only,
         not around the dataset: a dataset that calls batchify functions itself gets its
-        own memory and the usual types, whatever the transport does with the batch."""
+        own memory and the usual types, whatever the transport does with the batch.
+        ``batch`` (a thread pool's ``(iter_id, seq)``) names it in ``first_batch_turn``
+        while it holds that turn."""
         if self._numpy_flags is not None:
             _alloc.set_numpy_flags(self._numpy_flags)
         try:
@@ -192,9 +216,13 @@ class BatchMaker:
             if first is not None:
                 with first:
                     if self._first_batch is not None:
-                        batch = self._make(indices, epoch, output)
+                        self._turn = FirstBatchTurn(batch, indices, time.monotonic())
+                        try:
+                            made = self._make(indices, epoch, output)
+                        finally:
+                            self._turn = None
                         self._first_batch = None  # set up: from now on, in parallel
-                        return batch
+                        return made
             return self._make(indices, epoch, output)
         finally:
             if self.seed is not None:

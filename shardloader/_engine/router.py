@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .._errors import (
@@ -203,8 +204,9 @@ class Router:
                 causes += ", a worker stuck on a lock or I/O, or a system out of memory"
             error = LoaderTimeoutError(
                 f"batch {seq} (indices {short_indices(indices)}) was not ready after "
-                f"{elapsed:.1f}s (timeout={timeout}s, {kind} workers). Likely causes: "
-                f"{causes}. The workers will be restarted on the next epoch.",
+                f"{elapsed:.1f}s (timeout={timeout}s, {kind} workers)."
+                f"{self._held_up_by(iter_id, seq)} Likely causes: {causes}. The workers "
+                f"will be restarted on the next epoch.",
                 seq=seq,
                 indices=indices,
                 elapsed=elapsed,
@@ -213,6 +215,22 @@ class Router:
             return error
 
     # -- inside
+    def _held_up_by(self, iter_id: int, seq: int) -> str:
+        """What a timeout message adds when another batch holds the pool's first-batch turn
+        (thread workers make their first batch one at a time): the batch waited for cannot
+        be made before that one, so that one is where to look."""
+        turn = self._pool.first_batch_turn()
+        if turn is None or turn.batch is None or turn.batch == (iter_id, seq):
+            return ""
+        holder_iter, holder_seq = turn.batch
+        whose = "" if holder_iter == iter_id else " of another epoch"
+        return (
+            f" It waits for the pool's first batch: thread workers make that one alone, "
+            f"before any other (lazy set-up is not thread-safe), and it is batch "
+            f"{holder_seq}{whose} (indices {short_indices(turn.indices)}), in the making for "
+            f"{time.monotonic() - turn.since:.1f}s: look there."
+        )
+
     def _live_route(self, iter_id: int) -> _Route:
         route = self._routes.get(iter_id)
         if route is None:  # closed by another thread (or its finalizer) meanwhile

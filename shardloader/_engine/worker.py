@@ -158,7 +158,7 @@ def _start(info: WorkerInfo, seed: Callable[[], None], worker_init_fn: Optional[
 
 class WorkerLoop:
     """The loop every worker runs. ``next_task()`` blocks for the next ``Task`` (``None``:
-    exit); ``make(epoch, seq, indices)`` makes one batch's payload; ``put(task, seq, ok,
+    exit); ``make(task, seq, indices)`` makes one batch's payload; ``put(task, seq, ok,
     payload, busy_s)`` delivers one result and ``flush()`` ends a task; ``stopped()`` is
     asked between batches. ``pending`` is what the current task still owes."""
 
@@ -180,14 +180,14 @@ class WorkerLoop:
                 if channel.stopped():
                     return
                 seq, indices = self.pending[0]
-                channel.put(task, seq, *self._one(task.epoch, seq, indices))
+                channel.put(task, seq, *self._one(task, seq, indices))
                 self.pending.pop(0)
             channel.flush()
 
-    def _one(self, epoch: int, seq: int, indices: Sequence) -> Tuple[bool, Any, float]:
+    def _one(self, task: Task, seq: int, indices: Sequence) -> Tuple[bool, Any, float]:
         start = time.perf_counter()
         try:
-            payload, ok = self._make(epoch, seq, indices), True
+            payload, ok = self._make(task, seq, indices), True
         except BaseException as exc:  # noqa: BLE001 - every error goes to the consumer
             payload, ok = RemoteError.capture(exc, self.worker_id, seq, indices), False
         return ok, payload, time.perf_counter() - start
@@ -250,7 +250,8 @@ def thread_worker_main(
     without a word."""
     loop = WorkerLoop(
         info.id,
-        lambda epoch, seq, indices: maker.make(indices, epoch),
+        # Named by (iter_id, seq) while it holds the first-batch turn (BatchMaker.make).
+        lambda task, seq, indices: maker.make(indices, task.epoch, batch=(task.iter_id, seq)),
         _ThreadChannel(info.id, tasks, results, stop),
     )
     try:
@@ -338,7 +339,8 @@ def _slot_maker(maker: BatchMaker, ring: WorkerSide, native: bool, channel: _Pip
     slot_id)``. With ``native`` (shardloader's own batchify function), batchify allocates
     its output in the slot itself, so the batch is written once."""
 
-    def make(epoch: int, seq: int, indices: Sequence) -> Tuple[Any, Optional[int]]:
+    def make(task: Task, seq: int, indices: Sequence) -> Tuple[Any, Optional[int]]:
+        epoch = task.epoch
         ring.begin()
         promoted: dict = {}
         if native:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, List, Protocol, Tuple
+from typing import Any, List, Optional, Protocol, Tuple
 
+from ..batch import FirstBatchTurn
 from ..protocol import Result, Task, WorkerLost
 
 __all__ = ["Pool", "fresh_entropy", "finalizing"]
@@ -53,6 +54,12 @@ class Pool(Protocol):
 
     def pids(self) -> List[int]:
         """The worker processes' pids (none for threads)."""
+
+    def first_batch_turn(self) -> Optional[FirstBatchTurn]:
+        """The batch that holds up every other one now, its ``batch`` an ``(iter_id, seq)``:
+        threads sharing a dataset make their first batch one at a time (lazy set-up), and
+        none in parallel before it is done. None when there is none (always for processes,
+        which share nothing)."""
 
     def close(self) -> None:
         """The shutdown protocol above; idempotent."""

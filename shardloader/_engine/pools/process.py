@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..._errors import WorkerError
 from .. import pickling, protocol, timing
+from ..batch import FirstBatchTurn
 from ..ipc import inherit
 from ..ipc.fds import receive_fd
 from ..ipc.sides import MainSide
@@ -207,6 +208,10 @@ class ProcessPool:
 
     def pids(self) -> List[int]:
         return [w.process.pid for w in self._workers.values()]
+
+    def first_batch_turn(self) -> Optional[FirstBatchTurn]:
+        """None: each worker process makes its batches on its own, with no turn to wait for."""
+        return None
 
     def connections(self) -> List[Tuple[Any, Any]]:
         """Each worker's ``(pipe end, process)``: what a worker forked later must let go of

@@ -20,7 +20,7 @@ import weakref
 from typing import Any, Callable, List, Optional, Tuple
 
 from .. import timing
-from ..batch import BatchMaker
+from ..batch import BatchMaker, FirstBatchTurn
 from ..protocol import Result, Task, WorkerLost
 from ..worker import WorkerInfo, drop_results, thread_worker_main
 from .base import finalizing, fresh_entropy
@@ -73,6 +73,7 @@ class ThreadPool:
             mxnet_per_sample=mxnet_per_sample,
             numpy_flags=numpy_flags,
         )
+        self._maker = maker
         self._tasks: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -146,6 +147,9 @@ class ThreadPool:
 
     def pids(self) -> List[int]:
         return []
+
+    def first_batch_turn(self) -> Optional[FirstBatchTurn]:
+        return self._maker.first_batch_turn
 
     def materialize(self, result: Result) -> Any:
         return result.payload
