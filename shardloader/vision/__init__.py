@@ -1,21 +1,25 @@
 """Fast image pipelines: JPEG decoding and augmentation fused into the loader's workers.
 
-A worker decodes each JPEG with libjpeg-turbo (``simplejpeg``, the GIL released), crops,
-resizes and flips it with OpenCV and numpy indexing, writes uint8 pixels into one batch
-buffer, and applies ToTensor and Normalize once per batch into the batch's shared-memory
-slot: the float32 NCHW batch Gluon's transforms would have produced (docs/vision.md).
+A worker decodes each JPEG with libjpeg-turbo (``simplejpeg``, the GIL released; only the
+crop's region where ``_region`` is built), crops, resizes and flips it with OpenCV and numpy
+indexing, and applies ToTensor and Normalize as it writes the image's planes into the
+batch's shared-memory slot: the float32 NCHW batch Gluon's transforms would have produced
+(docs/vision.md).
 
 - ``fuse(dataset, batchify_fn)``: recognise ``dataset.transform_first(Compose([...]))``
   chains of Gluon's transforms; ``fuse_for_loader``, what ``ShardedDataLoader`` calls;
 - ``ImagePipeline``: a pipeline described by its parameters, for new code;
 - ``ImageRecordLoader`` and ``image_record_iter``: ``mx.io.ImageRecordIter``'s arguments;
 - ``normalize``: ToTensor and Normalize for a uint8 batch on its device;
-- ``available()``: whether the codecs (the ``vision`` extra) are installed.
+- ``available()``: whether the codecs (the ``vision`` extra) are installed;
+- ``region_decode()``: whether only the crop's region of each JPEG is decoded, and if not,
+  why.
 
 Modules: ``_codecs`` (the only one importing simplejpeg and cv2), ``_ops`` (the geometric
 steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each
 image dataset), ``_fused`` (the dataset and batchify function), ``recognise`` (``fuse``),
-``device``; ``_step`` (the contract each step keeps). Every one sits below the loader, which
+``device``; ``_step`` (the contract each step keeps); ``_region`` (region decode, built from
+``_region.c``). Every one sits below the loader, which
 calls ``recognise.fuse_for_loader``. ``ImageRecordLoader`` and ``image_record_iter`` are
 loaders, so they live above it, in ``shardloader.image_record``; this package names them
 lazily (docs/design.md).
@@ -24,6 +28,7 @@ lazily (docs/design.md).
 from typing import TYPE_CHECKING, Any
 
 from ._codecs import available
+from ._region import region_decode
 from .device import normalize
 from .pipeline import ImagePipeline
 from .recognise import Fusion, fuse, fuse_for_loader
@@ -52,4 +57,5 @@ __all__ = [
     "ImageRecordLoader",
     "image_record_iter",
     "normalize",
+    "region_decode",
 ]

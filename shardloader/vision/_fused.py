@@ -48,7 +48,7 @@ class Pending:
         pixels, params, size = self.pixels, self.params, self.size
         if pixels is None:
             try:
-                pixels = pipeline.decode(self.data, size, self.floor)
+                pixels = pipeline.decode(self.data, size, self.floor, params)
             except ValueError:
                 # libjpeg-turbo refused bytes whose header it read: MXNet's decoder may
                 # still take them, as the exact path would.

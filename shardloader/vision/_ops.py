@@ -198,6 +198,9 @@ class CenterCrop(StepBase):
     def apply(self, pixels: np.ndarray, params: Box) -> np.ndarray:
         return _crop_resize(pixels, params, self.target, self.interpolation)
 
+    def decode_region(self, params: Box) -> Box:
+        return params  # the crop reads its box alone
+
 
 class FixedCrop(StepBase):
     """Gluon's ``transforms.CropResize``: the box ``(x, y, width, height)``, then optionally
@@ -224,6 +227,8 @@ class FixedCrop(StepBase):
         if self.target is None:
             return self.box[3], self.box[2]
         return self.target[1], self.target[0]
+
+    decode_region = CenterCrop.decode_region
 
     def apply(self, pixels: np.ndarray, params: Box) -> np.ndarray:
         x0, y0, w, h = params
@@ -253,6 +258,7 @@ class RandomCrop(StepBase):
 
     size = CenterCrop.size
     apply = CenterCrop.apply
+    decode_region = CenterCrop.decode_region
 
     def decode_floor(self, params: Box) -> Optional[Tuple[float, float]]:
         return _crop_floor(self, params)
@@ -302,6 +308,7 @@ class RandomResizedCrop(StepBase):
 
     size = CenterCrop.size
     apply = CenterCrop.apply
+    decode_region = CenterCrop.decode_region
     decode_floor = RandomCrop.decode_floor
     apply_reduced = RandomCrop.apply_reduced
 

@@ -13,8 +13,11 @@ is FFCV's ``Operation``, whose state and allocation each operation declares itse
 - ``decode_floor(params)``: where the step can start from a reduced-scale decode, the
   fractions ``(height, width)`` of the full size the decode may shrink to, else ``None``;
   then ``apply_reduced(pixels, params, full)`` applies it to such a decode.
+- ``decode_region(params)``: where the step reads only a box of the image, that box
+  ``(x0, y0, width, height)``, else ``None``: as the first step, it lets the decode skip
+  the rest (``_region``).
 
-``StepBase`` gives the defaults: not random, no fold, no reduced decode.
+``StepBase`` gives the defaults: not random, no fold, no reduced decode, no region.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class Step(Protocol):
 
     def decode_floor(self, params: Any) -> Optional[Tuple[float, float]]: ...
 
+    def decode_region(self, params: Any) -> Optional[Tuple[int, int, int, int]]: ...
+
     def apply_reduced(
         self, pixels: np.ndarray, params: Any, full: Tuple[int, int]
     ) -> np.ndarray: ...
@@ -59,6 +64,9 @@ class StepBase:
         return False, False
 
     def decode_floor(self, params: Any) -> Optional[Tuple[float, float]]:
+        return None
+
+    def decode_region(self, params: Any) -> Optional[Tuple[int, int, int, int]]:
         return None
 
     def apply_reduced(self, pixels: np.ndarray, params: Any, full: Tuple[int, int]) -> np.ndarray:

@@ -10,11 +10,12 @@ normalising on the device, or uint8 NHWC as decoded.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _codecs, _color, _ops
+from . import _codecs, _color, _ops, _region
 from ._step import Step
 
 OUTPUTS = ("float32", "uint8", "hwc")
@@ -285,8 +286,26 @@ class ImagePipeline:
             height, width = step.size(height, width, value)
         return height, width, self.channels
 
-    def decode(self, data: Any, size: Tuple[int, int], floor: Optional[Tuple[float, float]]):
-        """Decode a JPEG of ``size`` (height, width) at the smallest scale ``floor`` allows."""
+    def decode(
+        self,
+        data: Any,
+        size: Tuple[int, int],
+        floor: Optional[Tuple[float, float]],
+        params: Optional[list] = None,
+    ):
+        """Decode a JPEG of ``size`` (height, width) at the smallest scale ``floor`` allows;
+        at full scale, only the box the first step reads (``Step.decode_region`` for
+        ``params[0]``) where region decode is available (``_region``): the rest of the
+        returned full-size array is then stale, and no step reads it."""
+        if floor is None and params and self.steps and _region.available():
+            box = self.steps[0].decode_region(params[0])
+            if box is not None:
+                out = _full_buffer(size, self.channels)
+                try:
+                    _region.decode(data, self.flag, size, box, out)
+                    return out
+                except ValueError:
+                    pass  # decoded whole below, which raises what a user would see
         min_size = None
         if floor is not None:
             min_size = (math.ceil(size[0] * floor[0]), math.ceil(size[1] * floor[1]))
@@ -295,6 +314,19 @@ class ImagePipeline:
     def __repr__(self) -> str:
         steps = ", ".join(type(s).__name__ for s in self.steps)
         return f"ImagePipeline([{steps}], output={self.output!r}, flag={self.flag})"
+
+
+_scratch = threading.local()
+
+
+def _full_buffer(size: Tuple[int, int], channels: int) -> np.ndarray:
+    """A per-thread full-size uint8 HWC buffer for region decodes, reused between images."""
+    shape = (size[0], size[1], channels)
+    buf = getattr(_scratch, "full", None)
+    count = shape[0] * shape[1] * shape[2]
+    if buf is None or buf.size < count:
+        buf = _scratch.full = np.empty(count, np.uint8)
+    return buf[:count].reshape(shape)
 
 
 class _ShapeMismatch(ValueError):
