@@ -10,13 +10,15 @@ process (:func:`benchmarks.harness.run_isolated`, W5's full epoch timed after a 
 - ``ours-cv2pool`` (with ``--cv2-pool``): ``ours`` with ``SHARDLOADER_CV2_THREADS=keep``, each
   worker keeping OpenCV's own thread pool: the loader as it was before workers ran OpenCV on
   one thread (docs/vision.md).
+- ``ours-whole`` (with ``--whole-decode``): ``ours`` with ``SHARDLOADER_REGION_DECODE=0``,
+  decoding whole images instead of the crop's region (docs/vision.md).
 
 The order of the loaders alternates from round to round. A round's ratio is ours over
 recorditer in that round; the table gives each background's median ratio and its spread
 (lowest to highest), the median rates, the load average around the rounds and the
 background's own rate. The JSON (every run) goes to ``--out``.
 
-    python -m benchmarks.busy --background none train loader --rounds 5 --cv2-pool
+    python -m benchmarks.busy --background none train train-job loader --rounds 5 --cv2-pool
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ _LOADERS = {
     "ours": {"loader": "ours", "env": {}},
     "recorditer": {"loader": "recorditer", "env": {}},
     "ours-cv2pool": {"loader": "ours", "env": {"SHARDLOADER_CV2_THREADS": "keep"}},
+    "ours-whole": {"loader": "ours", "env": {"SHARDLOADER_REGION_DECODE": "0"}},
+}
+# Variants of ours, each compared with ours in the same round: (its option, what it changes).
+VARIANTS = {
+    "ours-cv2pool": ("--cv2-pool", "OpenCV pool kept"),
+    "ours-whole": ("--whole-decode", "whole decode"),
 }
 
 
@@ -110,13 +118,10 @@ def summarise(runs: List[Dict[str, Any]], loaders: Sequence[str]) -> Dict[str, A
             if {loader, "recorditer"} <= r.keys()
         ]
         out[loader].update(_spread("ratio", ratios))
-    if {"ours", "ours-cv2pool"} <= set(loaders):
-        gains = [
-            r["ours"] / r["ours-cv2pool"]
-            for r in by_round.values()
-            if {"ours", "ours-cv2pool"} <= r.keys()
-        ]
-        out["cv2_one_thread_gain"] = _spread("gain", gains)
+    paired = {v: [r for r in by_round.values() if {"ours", v} <= r.keys()] for v in VARIANTS}
+    out["gains"] = {
+        v: _spread("gain", [r["ours"] / r[v] for r in paired[v]]) for v in VARIANTS if v in loaders
+    }
     return out
 
 
@@ -133,7 +138,7 @@ def _spread(key: str, values: List[float]) -> Dict[str, Any]:
 
 def table(results: List[Dict[str, Any]], loaders: Sequence[str]) -> str:
     """The results as a markdown table (one row per background)."""
-    cv2 = "ours-cv2pool" in loaders
+    variants = [v for v in VARIANTS if v in loaders]
     head = [
         "beside the loaders",
         "ours img/s",
@@ -141,8 +146,8 @@ def table(results: List[Dict[str, Any]], loaders: Sequence[str]) -> str:
         "ratio (median)",
         "ratio spread",
     ]
-    if cv2:
-        head += ["ours, OpenCV pool kept: ratio", "one-thread gain"]
+    for variant in variants:
+        head += [f"ours, {VARIANTS[variant][1]}: ratio", f"ours over it ({VARIANTS[variant][1]})"]
     head += ["load average (1 min) before / after", "background steps/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for res in results:
@@ -155,10 +160,10 @@ def table(results: List[Dict[str, Any]], loaders: Sequence[str]) -> str:
             _num(ours.get("ratio"), 2, "×"),
             f"{_num(ours.get('ratio_min'), 2)}–{_num(ours.get('ratio_max'), 2)}",
         ]
-        if cv2:
+        for variant in variants:
             row += [
-                _num(s["ours-cv2pool"].get("ratio"), 2, "×"),
-                _num(s["cv2_one_thread_gain"].get("gain"), 2, "×"),
+                _num(s[variant].get("ratio"), 2, "×"),
+                _num(s["gains"][variant].get("gain"), 2, "×"),
             ]
         row += [
             f"{res['loadavg_before'][0]:.2f} / {res['loadavg_after'][0]:.2f}",
@@ -181,6 +186,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--cv2-pool", action="store_true", help="also run ours with OpenCV's pool kept"
     )
+    parser.add_argument(
+        "--whole-decode",
+        action="store_true",
+        help="also run ours decoding whole images (SHARDLOADER_REGION_DECODE=0)",
+    )
     parser.add_argument("--samples", type=int, help="W5 images (default: all 2,048)")
     parser.add_argument("--rec", help="W5's .rec (default: written under --out/data)")
     parser.add_argument("--out", default=os.path.join(_HERE, "results"), help="results folder")
@@ -189,7 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .workloads import WORKLOADS
 
     rec = args.rec or jpeg_records(os.path.join(args.out, "data"), WORKLOADS["W5"].samples)
-    loaders = ["ours", "recorditer"] + (["ours-cv2pool"] if args.cv2_pool else [])
+    loaders = ["ours", "recorditer"]
+    loaders += [v for v, (flag, _) in VARIANTS.items() if getattr(args, flag[2:].replace("-", "_"))]
     started = datetime.datetime.now(datetime.timezone.utc)
     results = []
     for name in args.background:

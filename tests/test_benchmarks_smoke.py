@@ -742,7 +742,7 @@ def test_busy_pairs_each_round_and_tabulates_the_ratios():
     summary = busy.summarise(runs, loaders)
     assert summary["ours"]["ratios"] == [2.0, 2.5, 1.5]
     assert (summary["ours"]["ratio"], summary["ours"]["ratio_min"]) == (2.0, 1.5)
-    assert summary["cv2_one_thread_gain"]["gains"] == [1.5, 2.0, 1.5, 3.0]
+    assert summary["gains"]["ours-cv2pool"]["gains"] == [1.5, 2.0, 1.5, 3.0]
     row = {
         "background": "train",
         "summary": summary,
