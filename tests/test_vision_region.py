@@ -134,6 +134,49 @@ with ShardedDataLoader(dataset.transform_first(chain), 4, seed=5) as loader:
 
 
 @needs_region
+def test_a_fresh_cache_gets_one_build_and_the_same_batches(tmp_path):
+    """With an empty cache folder, the first fused loader builds the library there, once,
+    and its batches (2 spawned workers, which load builds and never make them) are those of
+    a run with SHARDLOADER_REGION_DECODE=0."""
+    import subprocess
+    import sys
+
+    rec = write_rec(tmp_path, [d for _, d in kinds()[:4]] * 2)
+    script = f"""
+import sys
+import numpy as np
+from mxnet.gluon.data.vision import transforms as T
+from shardloader import ShardedDataLoader, vision
+from shardloader.recordio import ImageRecordDataset
+chain = T.Compose([T.RandomResizedCrop(96), T.ToTensor()])
+dataset = ImageRecordDataset({rec!r}).transform_first(chain)
+with ShardedDataLoader(dataset, 4, num_workers=2, seed=5, start_method="spawn") as loader:
+    np.save(sys.argv[1], np.concatenate([x.asnumpy() for x, _ in loader]))
+print(vision.region_decode())
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    outputs = {}
+    for setting in ("1", "0"):
+        env["SHARDLOADER_REGION_DECODE"] = setting
+        out = str(tmp_path / f"batches-{setting}.npy")
+        done = subprocess.run(
+            [sys.executable, "-c", script, out],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[setting] = (done.stdout.strip().splitlines()[-1], np.load(out))
+    assert outputs["1"][0] == "on" and outputs["0"][0] == "off: SHARDLOADER_REGION_DECODE=0"
+    built = os.listdir(tmp_path / "cache" / "shardloader")
+    assert len(built) == 1 and built[0].startswith("region-") and built[0].endswith(".so")
+    np.testing.assert_array_equal(outputs["1"][1], outputs["0"][1])
+
+
+@needs_region
 @pytest.mark.parametrize("flag", [1, 0])
 def test_a_seeded_fused_loader_gives_the_same_batches_with_and_without_region_decode(
     tmp_path, flag, no_leaks

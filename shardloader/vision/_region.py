@@ -88,7 +88,11 @@ def _load(build: bool) -> None:
     if os.environ.get(ENV, "").strip() == "0":
         _reason = f"{ENV}=0"
         return
-    target = _target()
+    try:
+        target = _target()
+    except OSError as exc:  # an install without the C source
+        _reason = f"its source is missing ({exc})"
+        return
     if not os.path.exists(target):
         if not build:
             return  # not built yet: asked again later (a loader builds it)
