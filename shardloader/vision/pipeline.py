@@ -319,11 +319,18 @@ class ImagePipeline:
 _scratch = threading.local()
 
 
+_KEEP_BYTES = 16 << 20  # a larger image's buffer is not kept for the next one
+
+
 def _full_buffer(size: Tuple[int, int], channels: int) -> np.ndarray:
-    """A per-thread full-size uint8 HWC buffer for region decodes, reused between images."""
+    """A per-thread full-size uint8 HWC buffer for region decodes, reused between images;
+    one for an image over ``_KEEP_BYTES`` is its own, so that a rare huge image leaves no
+    such buffer behind in every worker."""
     shape = (size[0], size[1], channels)
-    buf = getattr(_scratch, "full", None)
     count = shape[0] * shape[1] * shape[2]
+    if count > _KEEP_BYTES:
+        return np.empty(shape, np.uint8)
+    buf = getattr(_scratch, "full", None)
     if buf is None or buf.size < count:
         buf = _scratch.full = np.empty(count, np.uint8)
     return buf[:count].reshape(shape)
