@@ -103,8 +103,11 @@ def _load(build: bool) -> None:
         if failed is not None:
             _reason = failed
             return
+    # Its libjpeg calls bind to the libjpeg it was linked against, not to another copy of
+    # those symbols already in the process (MXNet's own library exports a libjpeg).
+    mode = os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0)
     try:
-        library = ctypes.CDLL(target)
+        library = ctypes.CDLL(target, mode=mode)
     except OSError as exc:
         _reason = f"loading it failed ({exc})"
         return
