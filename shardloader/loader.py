@@ -129,7 +129,7 @@ class ShardedDataLoader(_GluonDataLoader):
     fuse_transforms : bool, default True
         Run a ``dataset.transform_first(Compose([...]))`` chain of Gluon's image transforms
         over an image dataset on the fused path: the workers decode the JPEGs with
-        libjpeg-turbo, crop, resize and flip them, and normalise once per batch, giving
+        libjpeg-turbo, crop, resize and flip them, and normalise them into the batch, giving
         Gluon's batches within one uint8 level (docs/vision.md; needs the
         ``vision`` extra: simplejpeg and opencv-python-headless).
         ``stats()["image_path"]`` says which path ran and why. ``False`` runs the

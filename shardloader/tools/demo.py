@@ -82,7 +82,7 @@ def make_dataset(path: str, train: bool) -> Any:
     with Gluon's own transforms: the one place both loaders get their samples from.
 
     ShardedDataLoader recognises the chain and runs it on its fused image path (decode,
-    crop, flip and brightness in the workers, then ToTensor and Normalize once per batch;
+    crop, flip and brightness in the workers, then ToTensor and Normalize into the batch;
     docs/vision.md), where the ``vision`` extra is installed; Gluon's loader runs the
     transforms one by one. Their random draws come from ``random`` and ``numpy.random``
     (and MXNet's), which the loader seeds per sample when given ``seed=``.
@@ -242,7 +242,7 @@ def _image_path(path: str) -> str:
     if path == "fused":
         return (
             "fused: JPEG decode, crop, flip and brightness in the workers, ToTensor and "
-            "Normalize once per batch (docs/vision.md)"
+            "Normalize as each image is written into the batch (docs/vision.md)"
         )
     return f"{path} (Gluon's transforms one by one; docs/vision.md says when images fuse)"
 

@@ -2,9 +2,9 @@
 
 A pipeline is a list of steps on uint8 HWC pixels (``_ops``' geometric ones, ``_color``'s
 jitters; each keeps the ``_step.Step`` contract, which ``render`` and the decode floor ask
-instead of testing classes), then an output stage applied once per batch: ToTensor and
-Normalize (float32 NCHW, through one lookup table per channel), or uint8 NCHW for
-normalising on the device, or uint8 NHWC as decoded.
+instead of testing classes), then an output stage applied as each image is written into
+the batch: ToTensor and Normalize (float32 NCHW, through one lookup table per channel), or
+uint8 NCHW for normalising on the device, or uint8 NHWC as decoded.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ class ImagePipeline:
 
     The steps run in this order, each only if asked for: ``resize`` (the shorter edge, or a
     ``(width, height)``), then one crop (``random_resized_crop``, ``random_crop`` or
-    ``center_crop``, each to ``size``), then the flips; then, once per batch, ToTensor and
-    Normalize. The semantics and random draws are those of Gluon's transforms of the same
-    names (docs/vision.md).
+    ``center_crop``, each to ``size``), then the flips; then, as each image is written into
+    the batch, ToTensor and Normalize. The semantics and random draws are those of Gluon's
+    transforms of the same names (docs/vision.md).
 
     Parameters
     ----------
