@@ -36,6 +36,17 @@ def boxes(height, width, rng, count=25):
     return found
 
 
+def with_and_without_region(batches):
+    """``batches()`` run with region decode, then with it switched off in this process (as
+    ``available()`` is when it cannot be built); forked workers inherit either."""
+    with_region = batches()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_region, "_function", None)
+        patch.setattr(_region, "_reason", "switched off by the test")
+        assert not _region.available()
+        return with_region, batches()
+
+
 @needs_region
 @pytest.mark.parametrize("flag", [1, 0])
 @pytest.mark.parametrize("kind", [name for name, _ in kinds()])
@@ -75,14 +86,7 @@ def test_damaged_bytes_fail_the_region_decode_and_are_decoded_whole_as_before(tm
             assert loader.stats()["image_path"] == "fused"
             return [x.asnumpy() for x, _ in loader]
 
-    with_region = batches()
-    saved = _region._function
-    try:
-        _region._function = None
-        _region._reason = "switched off by the test"
-        without = batches()
-    finally:
-        _region._function, _region._reason = saved, None
+    with_region, without = with_and_without_region(batches)
     np.testing.assert_array_equal(with_region[0], without[0])
 
 
@@ -195,14 +199,7 @@ def test_a_seeded_fused_loader_gives_the_same_batches_with_and_without_region_de
             assert loader.stats()["image_path"] == "fused"
             return [x.asnumpy() for x, _ in loader]
 
-    with_region = batches()
-    saved = _region._function
-    try:
-        _region._function = None
-        _region._reason = "switched off by the test"
-        without = batches()
-    finally:
-        _region._function, _region._reason = saved, None
+    with_region, without = with_and_without_region(batches)
     assert len(with_region) == len(without) == 3
     for a, b in zip(with_region, without):
         np.testing.assert_array_equal(a, b)
