@@ -12,6 +12,9 @@ process (:func:`benchmarks.harness.run_isolated`, W5's full epoch timed after a 
   one thread (docs/vision.md).
 - ``ours-whole`` (with ``--whole-decode``): ``ours`` with ``SHARDLOADER_REGION_DECODE=0``,
   decoding whole images instead of the crop's region (docs/vision.md).
+- ``ours-opencv-write`` (with ``--opencv-write``): ``ours`` with
+  ``SHARDLOADER_NATIVE_WRITE=0``, writing each image into the batch OpenCV's way (a flip, a
+  split, a lookup per plane) instead of ``_write.c``'s one pass (docs/vision.md).
 
 The order of the loaders alternates from round to round. A round's ratio is ours over
 recorditer in that round; the table gives each background's median ratio and its spread
@@ -41,11 +44,13 @@ _LOADERS = {
     "recorditer": {"loader": "recorditer", "env": {}},
     "ours-cv2pool": {"loader": "ours", "env": {"SHARDLOADER_CV2_THREADS": "keep"}},
     "ours-whole": {"loader": "ours", "env": {"SHARDLOADER_REGION_DECODE": "0"}},
+    "ours-opencv-write": {"loader": "ours", "env": {"SHARDLOADER_NATIVE_WRITE": "0"}},
 }
 # Variants of ours, each compared with ours in the same round: (its option, what it changes).
 VARIANTS = {
     "ours-cv2pool": ("--cv2-pool", "OpenCV pool kept"),
     "ours-whole": ("--whole-decode", "whole decode"),
+    "ours-opencv-write": ("--opencv-write", "OpenCV's write"),
 }
 
 
@@ -190,6 +195,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--whole-decode",
         action="store_true",
         help="also run ours decoding whole images (SHARDLOADER_REGION_DECODE=0)",
+    )
+    parser.add_argument(
+        "--opencv-write",
+        action="store_true",
+        help="also run ours writing images OpenCV's way (SHARDLOADER_NATIVE_WRITE=0)",
     )
     parser.add_argument("--samples", type=int, help="W5 images (default: all 2,048)")
     parser.add_argument("--rec", help="W5's .rec (default: written under --out/data)")

@@ -36,15 +36,21 @@ def boxes(height, width, rng, count=25):
     return found
 
 
-def with_and_without_region(batches):
-    """``batches()`` run with region decode, then with it switched off in this process (as
-    ``available()`` is when it cannot be built); forked workers inherit either."""
-    with_region = batches()
+def with_and_without(library, batches):
+    """``batches()`` run with a compiled helper (``_native.Library``), then with it switched
+    off in this process (as ``available()`` is when it cannot be built); forked workers
+    inherit either."""
+    assert library.available()
+    with_it = batches()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_region, "_function", None)
-        patch.setattr(_region, "_reason", "switched off by the test")
-        assert not _region.available()
-        return with_region, batches()
+        patch.setattr(library, "functions", None)
+        patch.setattr(library, "reason", "switched off by the test")
+        assert not library.available()
+        return with_it, batches()
+
+
+def with_and_without_region(batches):
+    return with_and_without(_region.LIBRARY, batches)
 
 
 @needs_region
@@ -93,8 +99,9 @@ def test_damaged_bytes_fail_the_region_decode_and_are_decoded_whole_as_before(tm
 @pytest.mark.timeout(120)
 def test_without_a_compiler_the_fused_path_decodes_whole_images_and_says_why(tmp_path):
     """A fresh interpreter with no usable C compiler and an empty cache:
-    ``vision.region_decode()`` says it is off and why, the loader takes the fused path and
-    decodes whole images, and ``SHARDLOADER_REGION_DECODE=0`` gives the same batches."""
+    ``vision.region_decode()`` says it is off and why (and ``vision.native()`` that the
+    one-pass write is off too), the loader takes the fused path and decodes whole images,
+    and ``SHARDLOADER_REGION_DECODE=0`` gives the same batches."""
     import subprocess
     import sys
 
@@ -105,6 +112,7 @@ from shardloader import ShardedDataLoader
 from shardloader.recordio import ImageRecordDataset
 from mxnet.gluon.data.vision import transforms as T
 from shardloader import vision
+print(vision.native()["write"])
 print(vision.region_decode())
 chain = T.Compose([T.RandomResizedCrop(96), T.ToTensor()])
 dataset = ImageRecordDataset({str(write_rec(tmp_path, [d for _, d in kinds()[:4]]))!r})
@@ -120,8 +128,9 @@ with ShardedDataLoader(dataset.transform_first(chain), 4, seed=5) as loader:
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=100
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    first, path = done.stdout.strip().splitlines()[-2:]
+    write, first, path = done.stdout.strip().splitlines()[-3:]
     assert first.startswith("off: compiling it failed") and "C compiler" in first, first
+    assert write.startswith("off: compiling it failed") and "C compiler" in write, write
     assert path == "fused"
     assert not os.listdir(tmp_path / "cache" / "shardloader")  # no half-built library left
     env = dict(env, SHARDLOADER_REGION_DECODE="0")
@@ -175,8 +184,9 @@ print(vision.region_decode())
         assert done.returncode == 0, done.stderr[-2000:]
         outputs[setting] = (done.stdout.strip().splitlines()[-1], np.load(out))
     assert outputs["1"][0] == "on" and outputs["0"][0] == "off: SHARDLOADER_REGION_DECODE=0"
-    built = os.listdir(tmp_path / "cache" / "shardloader")
-    assert len(built) == 1 and built[0].startswith("region-") and built[0].endswith(".so")
+    built = sorted(os.listdir(tmp_path / "cache" / "shardloader"))
+    assert [name.split("-")[0] for name in built] == ["region", "write"], built
+    assert all(name.endswith(".so") for name in built)
     np.testing.assert_array_equal(outputs["1"][1], outputs["0"][1])
 
 

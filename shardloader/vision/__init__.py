@@ -1,9 +1,9 @@
 """Fast image pipelines: JPEG decoding and augmentation fused into the loader's workers.
 
 A worker decodes each JPEG with libjpeg-turbo (``simplejpeg``, the GIL released; only the
-crop's region where ``_region`` is built), crops, resizes and flips it with OpenCV and numpy
-indexing, and applies ToTensor and Normalize as it writes the image's planes into the
-batch's shared-memory slot: the float32 NCHW batch Gluon's transforms would have produced
+crop's region where ``_region`` is built), crops and resizes it with OpenCV, and flips it
+and applies ToTensor and Normalize as it writes the image's planes into the batch's
+shared-memory slot: the float32 NCHW batch Gluon's transforms would have produced
 (docs/vision.md).
 
 - ``fuse(dataset, batchify_fn)``: recognise ``dataset.transform_first(Compose([...]))``
@@ -12,14 +12,15 @@ batch's shared-memory slot: the float32 NCHW batch Gluon's transforms would have
 - ``ImageRecordLoader`` and ``image_record_iter``: ``mx.io.ImageRecordIter``'s arguments;
 - ``normalize``: ToTensor and Normalize for a uint8 batch on its device;
 - ``available()``: whether the codecs (the ``vision`` extra) are installed;
-- ``region_decode()``: whether only the crop's region of each JPEG is decoded, and if not,
-  why.
+- ``native()``: whether each compiled helper (region decode, the one-pass write) is on, and
+  if not, why; ``region_decode()``: the first of them.
 
 Modules: ``_codecs`` (the only one importing simplejpeg and cv2), ``_ops`` (the geometric
 steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each
 image dataset), ``_fused`` (the dataset and batchify function), ``recognise`` (``fuse``),
-``device``; ``_step`` (the contract each step keeps); ``_region`` (region decode, built from
-``_region.c``). Every one sits below the loader, which
+``device``; ``_step`` (the contract each step keeps); ``_write`` (the output stage);
+``_native`` (building the C helpers: ``_region.c``, region decode, for ``_region``, and
+``_write.c`` for ``_write``). Every one sits below the loader, which
 calls ``recognise.fuse_for_loader``. ``ImageRecordLoader`` and ``image_record_iter`` are
 loaders, so they live above it, in ``shardloader.image_record``; this package names them
 lazily (docs/design.md).
@@ -28,6 +29,7 @@ lazily (docs/design.md).
 from typing import TYPE_CHECKING, Any
 
 from ._codecs import available
+from ._native import native
 from ._region import region_decode
 from .device import normalize
 from .pipeline import ImagePipeline
@@ -56,6 +58,7 @@ __all__ = [
     "ImagePipeline",
     "ImageRecordLoader",
     "image_record_iter",
+    "native",
     "normalize",
     "region_decode",
 ]

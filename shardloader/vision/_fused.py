@@ -3,10 +3,10 @@
 ``FusedDataset.__getitem__`` reads an image's bytes, parses its JPEG header and draws the
 pipeline's random parameters: that is all that runs while the loader has seeded the sample
 (docs/design.md, invariant 5), so seeded thread workers hold their lock only briefly.
-``FusedBatchify`` then decodes, crops, resizes and flips each image into one small uint8
-buffer and, while it is still in the cache, applies ToTensor and Normalize as it splits it
-into its planes of the batch, a buffer from the batch allocator (a worker's shared-memory
-slot); for ``output="hwc"`` the image is written straight into the batch.
+``FusedBatchify`` then decodes, crops and resizes each image and, while it is still in the
+cache, writes it into its place in the batch, a buffer from the batch allocator (a worker's
+shared-memory slot): flipped, split into planes and through ToTensor and Normalize's table
+in the same pass (``_write``); for ``output="hwc"`` as it is.
 
 An image libjpeg-turbo cannot read (PNG, CMYK, damaged bytes) is decoded by MXNet's own
 decoder instead; one no decoder reads raises the dataset's own error, naming the record.
@@ -14,8 +14,7 @@ decoder instead; one no decoder reads raises the dataset's own error, naming the
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Sequence, Tuple
 
 import numpy as np
 from mxnet.base import MXNetError
@@ -23,10 +22,8 @@ from mxnet.base import MXNetError
 from .. import batchify as _batchify
 from .._engine.ipc import alloc as _alloc
 from ..recordio._imagesize import ImageTooLarge, refusal, too_large
-from . import _codecs
-from .pipeline import ImagePipeline, _ShapeMismatch
-
-_scratch = threading.local()
+from . import _codecs, _write
+from .pipeline import ImagePipeline
 
 
 class Pending:
@@ -42,9 +39,9 @@ class Pending:
         """The HWC shape of the rendered image."""
         return pipeline.output_shape(self.size[0], self.size[1], self.params)
 
-    def render(self, pipeline: ImagePipeline, out: np.ndarray) -> None:
-        """Decode if not yet decoded, and write the image after the pipeline's steps into
-        ``out`` (uint8 HWC)."""
+    def render(self, pipeline: ImagePipeline) -> Tuple[np.ndarray, _write.Flips]:
+        """Decode if not yet decoded, and apply the pipeline's steps: the image (uint8 HWC)
+        and the flips left to its write into the batch."""
         pixels, params, size = self.pixels, self.params, self.size
         if pixels is None:
             try:
@@ -56,7 +53,7 @@ class Pending:
                 if pixels.shape[:2] != size:
                     size = (pixels.shape[0], pixels.shape[1])
                     params, _ = pipeline.draw(*size)
-        pipeline.render(pixels, params, size, out)
+        return pipeline.render(pixels, params, size)
 
     def __repr__(self) -> str:
         return f"<pending image {self.index} of {self.size[1]}x{self.size[0]}>"
@@ -104,15 +101,6 @@ class FusedDataset:
         return f"FusedDataset({self.source.kind}, {self.pipeline!r})"
 
 
-def _buffer(shape: Tuple[int, ...]) -> np.ndarray:
-    """A per-thread uint8 buffer of at least ``shape``, reused from batch to batch."""
-    buf = getattr(_scratch, "buf", None)
-    size = int(np.prod(shape))
-    if buf is None or buf.size < size:
-        buf = _scratch.buf = np.empty(size, np.uint8)
-    return buf[:size].reshape(shape)
-
-
 def _mismatch(position: int, shape, first) -> ValueError:
     return ValueError(
         f"cannot stack image {position} of shape {tuple(shape)} with image 0 of shape "
@@ -147,59 +135,28 @@ class FusedBatchify:
     def images(self, images: Sequence[Pending]) -> Any:
         pipeline = self.pipeline
         n, (height, width, channels) = len(images), images[0].shape(pipeline)
-        image_shape = (height, width, channels)
         if pipeline.output == "hwc":
-            pixels = _alloc.empty((n,) + image_shape, np.uint8)
+            out = _alloc.empty((n, height, width, channels), np.uint8)
             for i, image in enumerate(images):
-                _render(pipeline, image, i, pixels[i])
-            return _alloc.to_output(pixels)
-        # Planar output: each image is rendered into one small buffer and spread into its
-        # planes at once, while its pixels are still in the cache.
+                pixels, flips = _rendered(pipeline, image, i, out.shape[1:])
+                _write.hwc(pixels, flips, out[i])
+            return _alloc.to_output(out)
+        # Planar output: each image's planes are written from its pixels while they are
+        # still in the cache, through ToTensor and Normalize's table for float output.
         lut = None if pipeline.output == "uint8" else pipeline.lut
         dtype = np.uint8 if lut is None else pipeline.dtype
         out = _alloc.empty((n, channels, height, width), dtype)
-        scratch = _buffer(image_shape)
         for i, image in enumerate(images):
-            _render(pipeline, image, i, scratch)
-            _planes(scratch, out[i], lut)
+            pixels, flips = _rendered(pipeline, image, i, (height, width, channels))
+            _write.planes(pixels, flips, out[i], lut)
         return _alloc.to_output(out)
 
 
-def _render(pipeline: ImagePipeline, image: Pending, position: int, out: np.ndarray) -> None:
-    try:
-        image.render(pipeline, out)
-    except _ShapeMismatch as exc:
-        raise _mismatch(position, exc.shape, out.shape) from None
-
-
-def _planes(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> None:
-    """One HWC uint8 image into its CHW ``out``, through ``lut[c]`` per channel if given.
-
-    OpenCV splits the image into contiguous planes in one pass and maps each through its
-    table (measured fastest of numpy's take, arithmetic and per-pixel tables:
-    docs/design.md, "Image decoding").
-    """
-    cv2 = _codecs.loaded()[1]
-    height, width, channels = pixels.shape
-    if lut is None:
-        if channels == 1:
-            out[0] = pixels[:, :, 0]
-        else:
-            cv2.split(pixels, list(out))
-        return
-    planes = [pixels[:, :, 0]] if channels == 1 else cv2.split(pixels, _buffer_planes(pixels))
-    for c, plane in enumerate(planes):
-        table = lut[c].reshape(1, 256)
-        if out.dtype == np.float32:
-            cv2.LUT(plane, table, dst=out[c])
-        else:
-            np.copyto(out[c], cv2.LUT(plane, table), casting="unsafe")
-
-
-def _buffer_planes(pixels: np.ndarray) -> list:
-    """Per-thread uint8 planes for one image's channels, reused from image to image."""
-    height, width, channels = pixels.shape
-    planes = getattr(_scratch, "planes", None)
-    if planes is None or len(planes) != channels or planes[0].shape != (height, width):
-        planes = _scratch.planes = [np.empty((height, width), np.uint8) for _ in range(channels)]
-    return planes
+def _rendered(
+    pipeline: ImagePipeline, image: Pending, position: int, shape: Tuple[int, ...]
+) -> Tuple[np.ndarray, _write.Flips]:
+    """``image`` rendered, which must have ``shape`` (HWC), that of the batch's image 0."""
+    pixels, flips = image.render(pipeline)
+    if pixels.shape != shape:
+        raise _mismatch(position, pixels.shape, shape)
+    return pixels, flips

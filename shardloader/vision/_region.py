@@ -3,9 +3,9 @@
 A random crop reads part of an image (W5's ``RandomResizedCrop(224)`` a little under half
 of each 320x256 JPEG, on average), yet a full decode computes every pixel. libjpeg-turbo
 can skip the rows above a region, decode only the columns that hold it, and stop below it;
-no Python package exposes that, so this module compiles ``_region.c`` with the system's C
-compiler against the system's libjpeg-turbo (its headers: Debian's ``libjpeg-dev``), once,
-into a cache folder, and calls it through ``ctypes`` (which releases the GIL).
+no Python package exposes that, so ``_region.c`` does, built by ``_native`` with the
+system's C compiler against the system's libjpeg-turbo (its headers: Debian's
+``libjpeg-dev``), once, into a cache folder, and called through ``ctypes``.
 
 It is optional: without a compiler or the headers, or with ``SHARDLOADER_REGION_DECODE=0``,
 ``available()`` is False, ``why_unavailable()`` says why, and the fused path decodes whole
@@ -19,135 +19,53 @@ the crop", gives the measurements).
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import subprocess
-import sys
-import tempfile
-import threading
 from typing import Optional, Tuple
 
 import numpy as np
 
+from ._native import Library
+
 ENV = "SHARDLOADER_REGION_DECODE"
 MARGIN = 2  # pixels around the crop: beyond the reach of the edge of chroma upsampling
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_region.c")
-_COMPILE_TIMEOUT_S = 60.0
 
-_lock = threading.Lock()
-_function: Optional[ctypes._CFuncPtr] = None  # type: ignore[name-defined]
-_reason: Optional[str] = None  # why there is no function (None: not tried yet)
-
-
-def _cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "shardloader")
-
-
-@functools.lru_cache(maxsize=None)
-def _target() -> str:
-    """The built library's path: the cache folder, named by the source's hash."""
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + sys.platform.encode()).hexdigest()[:16]
-    return os.path.join(_cache_dir(), f"region-{digest}.so")
-
-
-def _compile(target: str) -> Optional[str]:
-    """Build ``_region.c`` into ``target``; ``None``, or why it could not."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    fd, temporary = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
-    os.close(fd)
-    command = [
-        os.environ.get("CC", "cc"),
-        "-O2",
-        "-shared",
-        "-fPIC",
-        "-o",
-        temporary,
-        _SOURCE,
-        "-ljpeg",
-    ]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False
+LIBRARY = Library(
+    "_region",
+    "region_decode",
+    ENV,
+    ["jpeg"],
+    [
+        (
+            "sl_decode_region",
+            ctypes.c_int,
+            [
+                ctypes.c_void_p,  # data
+                ctypes.c_ulong,  # size
+                ctypes.c_int,  # grey
+                ctypes.c_int,  # x0
+                ctypes.c_int,  # y0
+                ctypes.c_int,  # x1
+                ctypes.c_int,  # y1
+                ctypes.c_void_p,  # out
+                ctypes.c_int,  # width
+                ctypes.c_int,  # height
+                ctypes.c_int,  # channels
+                ctypes.c_char_p,  # message
+                ctypes.c_int,  # message size
+            ],
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        os.unlink(temporary)
-        return f"the C compiler could not run ({exc})"
-    if done.returncode != 0:
-        os.unlink(temporary)
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        return f"compiling it failed ({last}); it needs a C compiler and libjpeg-turbo's headers"
-    os.replace(temporary, target)  # atomic: another process may be building it too
-    return None
-
-
-def _load(build: bool) -> None:
-    global _function, _reason
-    if os.environ.get(ENV, "").strip() == "0":
-        _reason = f"{ENV}=0"
-        return
-    try:
-        target = _target()
-    except OSError as exc:  # an install without the C source
-        _reason = f"its source is missing ({exc})"
-        return
-    if not os.path.exists(target):
-        if not build:
-            return  # not built yet: asked again later (a loader builds it)
-        try:
-            failed = _compile(target)
-        except OSError as exc:
-            failed = f"its cache folder is not writable ({exc})"
-        if failed is not None:
-            _reason = failed
-            return
-    # Its libjpeg calls bind to the libjpeg it was linked against, not to another copy of
-    # those symbols already in the process (MXNet's own library exports a libjpeg).
-    mode = os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0)
-    try:
-        library = ctypes.CDLL(target, mode=mode)
-    except OSError as exc:
-        _reason = f"loading it failed ({exc})"
-        return
-    function = library.sl_decode_region
-    function.restype = ctypes.c_int
-    function.argtypes = [
-        ctypes.c_void_p,  # data
-        ctypes.c_ulong,  # size
-        ctypes.c_int,  # grey
-        ctypes.c_int,  # x0
-        ctypes.c_int,  # y0
-        ctypes.c_int,  # x1
-        ctypes.c_int,  # y1
-        ctypes.c_void_p,  # out
-        ctypes.c_int,  # width
-        ctypes.c_int,  # height
-        ctypes.c_int,  # channels
-        ctypes.c_char_p,  # message
-        ctypes.c_int,  # message size
-    ]
-    _function = function
+    ],
+    "a C compiler and libjpeg-turbo's headers",
+)
 
 
 def available(build: bool = False) -> bool:
-    """Whether region decode can run here: found built, or built now if ``build``, and
-    loaded. The loader asks with ``build=True`` in its main process, once, before its
-    workers start (building takes a fraction of a second); a worker only loads what the
-    main process built, so a machine without a compiler pays for one failed build, not one
-    per worker. The answer is kept for the process."""
-    if _function is None and _reason is None:
-        with _lock:
-            if _function is None and _reason is None:
-                _load(build)
-    return _function is not None
+    """Whether region decode can run here (``_native.Library.available``)."""
+    return LIBRARY.available(build)
 
 
 def why_unavailable() -> Optional[str]:
-    """Why ``available()`` is False: ``None`` when it is True, or when it was only looked
-    for, not built (no loader has asked with ``build=True`` in this process)."""
-    return _reason
+    """Why ``available()`` is False (``_native.Library.why_unavailable``)."""
+    return LIBRARY.why_unavailable()
 
 
 def region_decode() -> str:
@@ -163,9 +81,7 @@ def region_decode() -> str:
     str
         ``"on"`` or ``"off: <reason>"``.
     """
-    if available(build=True):
-        return "on"
-    return f"off: {_reason}"
+    return LIBRARY.status()
 
 
 def decode(
@@ -175,9 +91,9 @@ def decode(
     height) and ``MARGIN`` cover into ``out`` (uint8, full size, HWC, C-contiguous), at its
     place. Raises ``ValueError`` (libjpeg's message) for bytes libjpeg refuses or warns
     about; the caller then decodes the whole image as before."""
-    function = _function
+    function = LIBRARY.function("sl_decode_region")
     if function is None:
-        raise ValueError(f"region decode is unavailable: {_reason or 'not loaded'}")
+        raise ValueError(f"region decode is unavailable: {why_unavailable() or 'not loaded'}")
     height, width = size
     x0, y0, w, h = box
     if out.shape[:2] != (height, width) or not out.flags.c_contiguous:

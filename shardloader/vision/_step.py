@@ -9,7 +9,8 @@ is FFCV's ``Operation``, whose state and allocation each operation declares itse
 - ``size(height, width, params)``: the image size after the step;
 - ``apply(pixels, params)``: the step on uint8 HWC pixels;
 - ``folds_into_write``: the step can be left to the final write into the batch (a flip,
-  which OpenCV does while copying); then ``write_flip(params)`` says which flips it adds;
+  which the write into the batch makes as it copies, ``_write``); then ``write_flip(params)``
+  says which flips it adds;
 - ``decode_floor(params)``: where the step can start from a reduced-scale decode, the
   fractions ``(height, width)`` of the full size the decode may shrink to, else ``None``;
   then ``apply_reduced(pixels, params, full)`` applies it to such a decode.

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _codecs, _color, _ops, _region
+from . import _codecs, _color, _ops, _region, _write
 from ._step import Step
 
 OUTPUTS = ("float32", "uint8", "hwc")
@@ -245,18 +245,18 @@ class ImagePipeline:
         return self.steps[0].decode_floor(params[0])
 
     def render(
-        self, pixels: np.ndarray, params: list, full: Tuple[int, int], out: np.ndarray
-    ) -> None:
-        """Apply the steps to decoded uint8 HWC ``pixels``, writing the result into ``out``
-        (a ``ValueError`` if it has another shape). ``full`` is the image's size at full
-        scale: a smaller ``pixels`` came from a scaled decode, and the first step's box is
-        scaled to it."""
+        self, pixels: np.ndarray, params: list, full: Tuple[int, int]
+    ) -> Tuple[np.ndarray, _write.Flips]:
+        """Apply the steps to decoded uint8 HWC ``pixels``; the result, and the flips left to
+        the write into the batch (``_write``). ``full`` is the image's size at full scale: a
+        smaller ``pixels`` came from a scaled decode, and the first step's box is scaled to
+        it."""
         steps = self.steps
         if pixels.shape[0] != full[0] or pixels.shape[1] != full[1]:
             pixels = steps[0].apply_reduced(pixels, params[0], full)
             steps, params = steps[1:], params[1:]
-        # Steps that fold into the write (flips) are left to it: OpenCV flips while writing
-        # into ``out``, where numpy copies a reversed view several times slower.
+        # Steps that fold into the write (flips) are left to it: the write flips as it
+        # copies, where flipping here would copy the image once more.
         flip_x = flip_y = False
         for step, value in zip(steps, params):
             if step.folds_into_write:
@@ -267,18 +267,7 @@ class ImagePipeline:
             pixels = _ops.Flip.flipped(pixels, flip_x, flip_y)
             flip_x = flip_y = False
             pixels = step.apply(pixels, value)
-        if pixels.shape != out.shape:
-            raise _ShapeMismatch(pixels.shape)
-        if flip_x or flip_y:
-            cv2 = _codecs.loaded()[1]
-            code = -1 if flip_x and flip_y else (1 if flip_x else 0)
-            cv2.flip(
-                pixels[:, :, 0] if pixels.shape[2] == 1 else pixels,
-                code,
-                dst=out[:, :, 0] if out.shape[2] == 1 else out,
-            )
-        else:
-            np.copyto(out, pixels)
+        return pixels, (flip_x, flip_y)
 
     def output_shape(self, height: int, width: int, params: list) -> Tuple[int, int, int]:
         """The HWC shape ``render`` gives for an image of ``height`` x ``width``."""
@@ -334,11 +323,3 @@ def _full_buffer(size: Tuple[int, int], channels: int) -> np.ndarray:
     if buf is None or buf.size < count:
         buf = _scratch.full = np.empty(count, np.uint8)
     return buf[:count].reshape(shape)
-
-
-class _ShapeMismatch(ValueError):
-    """``render``'s result does not fit ``out``; carries the result's shape."""
-
-    def __init__(self, shape: tuple) -> None:
-        super().__init__(f"image of shape {shape}")
-        self.shape = shape

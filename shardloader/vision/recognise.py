@@ -14,7 +14,7 @@ from mxnet.gluon.data.vision import transforms as T
 
 from .. import batchify as _batchify
 from .._compat import MX2
-from . import _codecs, _color, _ops, _region, _sources
+from . import _codecs, _color, _native, _ops, _sources
 from ._fused import FusedBatchify, FusedDataset
 from ._step import Step
 from .pipeline import ImagePipeline
@@ -331,6 +331,6 @@ def fuse_for_loader(
         return None, "exact: fuse_transforms=False"
     fusion = fuse(dataset, batchify_fn)
     if fusion.path == "fused":
-        _region.available(build=True)  # built here, once, before any worker starts
+        _native.build_all()  # the C helpers built here, once, before any worker starts
         return fusion, "fused"
     return None, f"exact: {fusion.reason}"

@@ -1,0 +1,134 @@
+"""The fused path's output stage: a rendered image, with its flips, into its place in the
+batch.
+
+``ImagePipeline.render`` leaves the flips to this write (steps that ``fold_into_write``):
+flipping while writing costs nothing extra, where flipping first copies the image once more.
+
+- ``hwc``: uint8 HWC, as decoded (``output="hwc"``): OpenCV flips while it copies.
+- ``planes``: CHW planes, uint8 or through the pipeline's ToTensor and Normalize table
+  (``lut[c, v]``). ``_write.c`` does it in one pass (flip, split, lookup) where it is built
+  (``_native``); otherwise OpenCV flips into a per-thread buffer, splits it into planes and
+  maps each plane through its table, with the same results.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Optional, Tuple
+
+import numpy as np
+
+from . import _codecs
+from ._native import Library
+
+#: Which flips the write makes: (left-right, top-bottom).
+Flips = Tuple[bool, bool]
+
+_PLANE_ARGS = [
+    ctypes.c_void_p,  # src
+    ctypes.c_int,  # height
+    ctypes.c_int,  # width
+    ctypes.c_int,  # channels
+    ctypes.c_long,  # row stride, bytes
+    ctypes.c_int,  # flip_x
+    ctypes.c_int,  # flip_y
+]
+
+LIBRARY = Library(
+    "_write",
+    "write",
+    "SHARDLOADER_NATIVE_WRITE",
+    [],
+    [
+        ("sl_planes_f32", ctypes.c_int, _PLANE_ARGS + [ctypes.c_void_p, ctypes.c_void_p]),
+        ("sl_planes_u8", ctypes.c_int, _PLANE_ARGS + [ctypes.c_void_p]),
+    ],
+    "a C compiler",
+)
+
+_scratch = threading.local()
+
+
+def hwc(pixels: np.ndarray, flips: Flips, out: np.ndarray) -> None:
+    """``pixels`` (uint8 HWC, ``out``'s shape) into ``out``, flipped as ``flips`` say."""
+    flip_x, flip_y = flips
+    if flip_x or flip_y:
+        cv2 = _codecs.loaded()[1]
+        code = -1 if flip_x and flip_y else (1 if flip_x else 0)
+        one = pixels.shape[2] == 1
+        cv2.flip(pixels[:, :, 0] if one else pixels, code, dst=out[:, :, 0] if one else out)
+    else:
+        np.copyto(out, pixels)
+
+
+def planes(pixels: np.ndarray, flips: Flips, out: np.ndarray, lut: Optional[np.ndarray]) -> None:
+    """``pixels`` (uint8 HWC) into ``out`` (C-contiguous CHW of the same height and width),
+    flipped as ``flips`` say, through ``lut[c]`` per channel if given (``out`` uint8
+    otherwise)."""
+    if _native_planes(pixels, flips, out, lut):
+        return
+    if flips[0] or flips[1]:
+        flipped = _buffer(pixels.shape)
+        hwc(pixels, flips, flipped)
+        pixels = flipped
+    _split(pixels, out, lut)
+
+
+def _native_planes(
+    pixels: np.ndarray, flips: Flips, out: np.ndarray, lut: Optional[np.ndarray]
+) -> bool:
+    """``planes`` by ``_write.c``; False, having written nothing, where it does not apply
+    (not built, another dtype, pixels not contiguous within a row)."""
+    if not LIBRARY.available():
+        return False
+    height, width, channels = pixels.shape
+    if pixels.strides[1:] != (channels, 1) or not out.flags.c_contiguous:  # lut: C-contiguous
+        return False
+    head = (pixels.ctypes.data, height, width, channels, pixels.strides[0], flips[0], flips[1])
+    if lut is None:
+        if out.dtype != np.uint8:
+            return False
+        return LIBRARY.function("sl_planes_u8")(*head, out.ctypes.data) == 0
+    if out.dtype != np.float32 or lut.dtype != np.float32 or lut.shape != (channels, 256):
+        return False
+    return LIBRARY.function("sl_planes_f32")(*head, lut.ctypes.data, out.ctypes.data) == 0
+
+
+def _split(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> None:
+    """OpenCV's way: split the image into contiguous planes in one pass and map each through
+    its table (measured fastest of numpy's take, arithmetic and per-pixel tables:
+    docs/design.md, "Image decoding")."""
+    cv2 = _codecs.loaded()[1]
+    channels = pixels.shape[2]
+    if lut is None:
+        if channels == 1:
+            out[0] = pixels[:, :, 0]
+        else:
+            cv2.split(pixels, list(out))
+        return
+    split = [pixels[:, :, 0]] if channels == 1 else cv2.split(pixels, _buffer_planes(pixels))
+    for c, plane in enumerate(split):
+        table = lut[c].reshape(1, 256)
+        if out.dtype == np.float32:
+            cv2.LUT(plane, table, dst=out[c])
+        else:
+            np.copyto(out[c], cv2.LUT(plane, table), casting="unsafe")
+
+
+def _buffer(shape: Tuple[int, ...]) -> np.ndarray:
+    """A per-thread uint8 buffer of at least ``shape``, reused from image to image."""
+    buf = getattr(_scratch, "buf", None)
+    size = int(np.prod(shape))
+    if buf is None or buf.size < size:
+        buf = _scratch.buf = np.empty(size, np.uint8)
+    return buf[:size].reshape(shape)
+
+
+def _buffer_planes(pixels: np.ndarray) -> list:
+    """Per-thread uint8 planes for one image's channels, reused from image to image."""
+    height, width, channels = pixels.shape
+    found = getattr(_scratch, "planes", None)
+    if found is None or len(found) != channels or found[0].shape != (height, width):
+        found = _scratch.planes = [np.empty((height, width), np.uint8) for _ in range(channels)]
+    return found
