@@ -45,8 +45,8 @@ def _aligned_magic(data: bytes, length: int) -> int:
     ``bytes.find`` took 19-30 us); short data, where numpy's own cost would dominate, is
     searched."""
     if length >= _WORDWISE_BYTES:
-        hits = np.flatnonzero(np.frombuffer(data, "<u4", count=length // 4) == _MAGIC)
-        return int(hits[0]) * 4 if hits.size else -1
+        hits = np.frombuffer(data, "<u4", count=length // 4) == _MAGIC
+        return int(hits.argmax()) * 4 if hits.any() else -1
     found = data.find(_MAGIC_BYTES, 0, length)
     while found >= 0 and found % 4:
         found = data.find(_MAGIC_BYTES, found + 1, length)

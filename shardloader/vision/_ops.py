@@ -297,9 +297,11 @@ class RandomResizedCrop(StepBase):
         log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
         for _ in range(10):
             target_area = random.uniform(*self.scale) * area
-            new_ratio = np.exp(random.uniform(*log_ratio))
-            new_w = int(round(np.sqrt(target_area * new_ratio)))
-            new_h = int(round(np.sqrt(target_area / new_ratio)))
+            # numpy's exp, as Gluon draws it (libm's may differ in the last bit); then Python
+            # floats: the same IEEE arithmetic and square root, without numpy's scalar cost.
+            new_ratio = float(np.exp(random.uniform(*log_ratio)))
+            new_w = int(round(math.sqrt(target_area * new_ratio)))
+            new_h = int(round(math.sqrt(target_area / new_ratio)))
             if new_w <= width and new_h <= height:
                 x0 = random.randint(0, width - new_w)
                 y0 = random.randint(0, height - new_h)
