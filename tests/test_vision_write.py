@@ -70,7 +70,7 @@ def test_the_one_pass_write_gives_opencvs_values(flips, channels, output, view):
     lut = pipeline.lut if output == "float32" else None
     dtype = np.float32 if lut is not None else np.uint8
     ours = np.full((channels, height, width), 7, dtype)
-    _write.planes(pixels, flips, ours, lut)
+    assert _write._native_planes(pixels, flips, ours, lut)  # written by _write.c
     theirs = np.full_like(ours, 9)
     opencv_way(pixels, flips, theirs, lut)
     np.testing.assert_array_equal(ours, theirs)
@@ -85,11 +85,13 @@ def test_another_dtype_or_strided_pixels_go_opencvs_way(flips):
     lut = ImagePipeline(mean=MEAN, std=STD).lut
     pixels = rng.integers(0, 256, (20, 30, 3), np.uint8)
     half = np.empty((3, 20, 30), np.float16)
+    assert not _write._native_planes(pixels, flips, half, lut)
     _write.planes(pixels, flips, half, lut)
     np.testing.assert_array_equal(half, reference(pixels, flips, lut).astype(np.float16))
     spread = np.zeros((20, 30, 6), np.uint8)
     spread[:, :, ::2] = pixels
     out = np.empty((3, 20, 30), np.float32)
+    assert not _write._native_planes(spread[:, :, ::2], flips, out, lut)
     _write.planes(spread[:, :, ::2], flips, out, lut)
     np.testing.assert_array_equal(out, reference(pixels, flips, lut))
 

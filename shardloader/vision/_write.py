@@ -25,24 +25,27 @@ from ._native import Library
 #: Which flips the write makes: (left-right, top-bottom).
 Flips = Tuple[bool, bool]
 
-_PLANE_ARGS = [
-    ctypes.c_void_p,  # src
-    ctypes.c_int,  # height
-    ctypes.c_int,  # width
-    ctypes.c_int,  # channels
-    ctypes.c_long,  # row stride, bytes
-    ctypes.c_int,  # flip_x
-    ctypes.c_int,  # flip_y
-]
-
 LIBRARY = Library(
     "_write",
     "write",
     "SHARDLOADER_NATIVE_WRITE",
     [],
     [
-        ("sl_planes_f32", ctypes.c_int, _PLANE_ARGS + [ctypes.c_void_p, ctypes.c_void_p]),
-        ("sl_planes_u8", ctypes.c_int, _PLANE_ARGS + [ctypes.c_void_p]),
+        (
+            "sl_planes",
+            ctypes.c_int,
+            [
+                ctypes.c_void_p,  # src
+                ctypes.c_int,  # height
+                ctypes.c_int,  # width
+                ctypes.c_int,  # channels
+                ctypes.c_long,  # row stride, bytes
+                ctypes.c_int,  # flip_x
+                ctypes.c_int,  # flip_y
+                ctypes.c_void_p,  # table, or NULL for uint8 output
+                ctypes.c_void_p,  # out
+            ],
+        )
     ],
     "a C compiler",
 )
@@ -83,16 +86,21 @@ def _native_planes(
     if not LIBRARY.available():
         return False
     height, width, channels = pixels.shape
-    if pixels.strides[1:] != (channels, 1) or not out.flags.c_contiguous:  # lut: C-contiguous
+    if pixels.strides[1:] != (channels, 1) or not out.flags.c_contiguous:
         return False
-    head = (pixels.ctypes.data, height, width, channels, pixels.strides[0], flips[0], flips[1])
     if lut is None:
         if out.dtype != np.uint8:
             return False
-        return LIBRARY.function("sl_planes_u8")(*head, out.ctypes.data) == 0
-    if out.dtype != np.float32 or lut.dtype != np.float32 or lut.shape != (channels, 256):
-        return False
-    return LIBRARY.function("sl_planes_f32")(*head, lut.ctypes.data, out.ctypes.data) == 0
+        table = None
+    else:
+        fits = out.dtype == np.float32 and lut.dtype == np.float32 and lut.flags.c_contiguous
+        if not fits or lut.shape != (channels, 256):
+            return False
+        table = lut.ctypes.data
+    function = LIBRARY.function("sl_planes")
+    flip_x, flip_y = flips
+    args = (pixels.ctypes.data, height, width, channels, pixels.strides[0], flip_x, flip_y)
+    return function(*args, table, out.ctypes.data) == 0
 
 
 def _split(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> None:
