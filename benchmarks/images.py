@@ -287,8 +287,8 @@ def fused_per_sample(rec_path: str, count: int = 300, warmup: int = 64) -> Dict[
 
     Timed as ``ImageRecordLoader(output="uint8")`` inline (``preprocess_threads=0``), batch
     64: the fused code itself, with no worker, no transport and no normalisation (which the
-    float32 path applies as it writes each image). ``count`` images after ``warmup``, each rounded down
-    to whole batches of 64 (at least one).
+    float32 path applies as it writes each image). ``count`` images after ``warmup``, each
+    rounded down to whole batches of 64 (at least one).
     """
     batch = 64
     warm_batches = max(1, warmup // batch)
