@@ -137,3 +137,30 @@ def test_the_write_switch_turns_it_off_and_says_so(tmp_path):
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["write"] == "off: SHARDLOADER_NATIVE_WRITE=0"
     assert found["region_decode"] == vision.region_decode()
+
+
+@needs_write
+def test_making_a_fused_pipeline_builds_the_helpers_where_it_is_made(tmp_path):
+    """``vision.fuse`` alone (a fused chain for any loader, Gluon's included) builds both
+    helpers into an empty cache, in the process that calls it."""
+    rec = write_rec(tmp_path, [d for _, d in kinds()[:2]])
+    script = f"""
+from mxnet.gluon.data.vision import transforms as T
+from shardloader import vision
+from shardloader.recordio import ImageRecordDataset
+chain = T.Compose([T.RandomResizedCrop(32), T.ToTensor()])
+print(vision.fuse(ImageRecordDataset({rec!r}).transform_first(chain)).path)
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    for name in ("SHARDLOADER_REGION_DECODE", "SHARDLOADER_NATIVE_WRITE"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "fused"
+    built = sorted(name.split("-")[0] for name in os.listdir(tmp_path / "cache" / "shardloader"))
+    expected = ["region", "write"] if vision.region_decode() == "on" else ["write"]
+    assert built == expected

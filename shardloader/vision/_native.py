@@ -6,9 +6,10 @@ the system's libjpeg-turbo) and ``_write`` (an image into its planes of the batc
 pass). No Python package offers either, so a ``Library`` compiles its C file with the
 system's C compiler (``$CC``, else ``cc``) into ``~/.cache/shardloader/NAME-<hash>.so``
 (``$XDG_CACHE_HOME`` is honoured), named by the source's hash so that a changed source gets a
-new build. The loader builds every library in its main process before its workers start
-(``build_all``); a worker only loads a build, never makes one, so a machine without a
-compiler pays for one failed build, not one per worker.
+new build. ``recognise.fuse`` builds every library when it makes a fused pipeline, in the
+loader's main process before its workers start (``build_all``); a worker only loads a build,
+never makes one, so a machine without a compiler pays for one failed build, not one per
+worker.
 
 Each is optional: without a compiler or the headers it needs, or with its switch set to
 ``0`` in the environment, ``available()`` is False, ``why_unavailable()`` says why, and the

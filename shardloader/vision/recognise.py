@@ -271,6 +271,7 @@ def fuse(
 
     if isinstance(dataset, FusedDataset):  # ImageRecordLoader's, already fused
         if isinstance(batchify_fn, FusedBatchify):
+            _native.build_all()
             return Fusion(dataset, batchify_fn, "fused", None, dataset.pipeline)
         raise TypeError("a fused dataset needs its FusedBatchify as batchify_fn")
     if pipeline is not None:
@@ -305,6 +306,9 @@ def fuse(
             f"pipeline flag={pipeline.flag} differs from the dataset's flag={source.flag}"
         )
     fused = FusedDataset(source, pipeline)
+    # The C helpers built here, in the process that makes the fusion, before any worker
+    # starts: workers only load a build (vision/_native.py).
+    _native.build_all()
     return Fusion(fused, FusedBatchify(pipeline, rest), "fused", None, pipeline)
 
 
@@ -331,6 +335,5 @@ def fuse_for_loader(
         return None, "exact: fuse_transforms=False"
     fusion = fuse(dataset, batchify_fn)
     if fusion.path == "fused":
-        _native.build_all()  # the C helpers built here, once, before any worker starts
         return fusion, "fused"
     return None, f"exact: {fusion.reason}"
