@@ -104,7 +104,7 @@ class Library:
 
     def why_unavailable(self) -> Optional[str]:
         """Why ``available()`` is False: ``None`` when it is True, or when the library was
-        only looked for, not built (no loader has asked with ``build=True`` here)."""
+        only looked for, not built (``vision.fuse`` builds it: nothing here has asked yet)."""
         return self.reason
 
     def status(self) -> str:
@@ -127,7 +127,7 @@ class Library:
             return
         if not os.path.exists(target):
             if not build:
-                return  # not built yet: asked again later (a loader builds it)
+                return  # not built yet: asked again later (vision.fuse builds it)
             try:
                 failed = self._compile(target)
             except OSError as exc:
@@ -184,7 +184,7 @@ def native() -> Dict[str, str]:
     """Each compiled helper of the fused path and whether it is on here: ``"on"``, or
     ``"off: "`` and why (no C compiler, no libjpeg-turbo headers, its switch set to 0).
 
-    Builds what is not built yet, as the first fused loader does (docs/vision.md,
+    Builds what is not built yet, as making a fused pipeline does (docs/vision.md,
     "Compiled helpers"). The pixels are the same either way; only the CPU time per image
     differs.
 

@@ -72,7 +72,7 @@ def region_decode() -> str:
     """Whether the fused path decodes only the crop's region here: ``"on"``, or ``"off: "``
     and why (no C compiler, no libjpeg-turbo headers, ``SHARDLOADER_REGION_DECODE=0``).
 
-    Builds it if it is not built yet, as the first fused loader does (docs/vision.md,
+    Builds it if it is not built yet, as making a fused pipeline does (docs/vision.md,
     "Decoding only the crop"). The pixels are the same either way; only the CPU time per
     image differs.
 
