@@ -19,6 +19,7 @@ Modules: ``_codecs`` (the only one importing simplejpeg and cv2), ``_ops`` (the 
 steps), ``_color`` (the colour jitters), ``pipeline``, ``_sources`` (encoded bytes from each
 image dataset), ``_fused`` (the dataset and batchify function), ``recognise`` (``fuse``),
 ``device``; ``_step`` (the contract each step keeps); ``_write`` (the output stage);
+``_scratch`` (per-thread buffers reused from image to image);
 ``_native`` (building the C helpers: ``_region.c``, region decode, for ``_region``, and
 ``_write.c`` for ``_write``). Every one sits below the loader, which
 calls ``recognise.fuse_for_loader``. ``ImageRecordLoader`` and ``image_record_iter`` are

@@ -14,12 +14,11 @@ flipping while writing costs nothing extra, where flipping first copies the imag
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Optional, Tuple
 
 import numpy as np
 
-from . import _codecs
+from . import _codecs, _scratch
 from ._native import Library
 
 #: Which flips the write makes: (left-right, top-bottom).
@@ -50,8 +49,6 @@ LIBRARY = Library(
     "a C compiler",
 )
 
-_scratch = threading.local()
-
 
 def hwc(pixels: np.ndarray, flips: Flips, out: np.ndarray) -> None:
     """``pixels`` (uint8 HWC, ``out``'s shape) into ``out``, flipped as ``flips`` say."""
@@ -72,7 +69,7 @@ def planes(pixels: np.ndarray, flips: Flips, out: np.ndarray, lut: Optional[np.n
     if _native_planes(pixels, flips, out, lut):
         return
     if flips[0] or flips[1]:
-        flipped = _buffer(pixels.shape)
+        flipped = _scratch.buffer("flipped", pixels.shape)
         hwc(pixels, flips, flipped)
         pixels = flipped
     _split(pixels, out, lut)
@@ -115,28 +112,14 @@ def _split(pixels: np.ndarray, out: np.ndarray, lut: Optional[np.ndarray]) -> No
         else:
             cv2.split(pixels, list(out))
         return
-    split = [pixels[:, :, 0]] if channels == 1 else cv2.split(pixels, _buffer_planes(pixels))
+    if channels == 1:
+        split = [pixels[:, :, 0]]
+    else:
+        planes = _scratch.buffer("planes", (channels,) + pixels.shape[:2])
+        split = cv2.split(pixels, list(planes))
     for c, plane in enumerate(split):
         table = lut[c].reshape(1, 256)
         if out.dtype == np.float32:
             cv2.LUT(plane, table, dst=out[c])
         else:
             np.copyto(out[c], cv2.LUT(plane, table), casting="unsafe")
-
-
-def _buffer(shape: Tuple[int, ...]) -> np.ndarray:
-    """A per-thread uint8 buffer of at least ``shape``, reused from image to image."""
-    buf = getattr(_scratch, "buf", None)
-    size = int(np.prod(shape))
-    if buf is None or buf.size < size:
-        buf = _scratch.buf = np.empty(size, np.uint8)
-    return buf[:size].reshape(shape)
-
-
-def _buffer_planes(pixels: np.ndarray) -> list:
-    """Per-thread uint8 planes for one image's channels, reused from image to image."""
-    height, width, channels = pixels.shape
-    found = getattr(_scratch, "planes", None)
-    if found is None or len(found) != channels or found[0].shape != (height, width):
-        found = _scratch.planes = [np.empty((height, width), np.uint8) for _ in range(channels)]
-    return found

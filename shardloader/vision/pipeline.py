@@ -10,12 +10,11 @@ uint8 NCHW for normalising on the device, or uint8 NHWC as decoded.
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _codecs, _color, _ops, _region, _write
+from . import _codecs, _color, _ops, _region, _scratch, _write
 from ._step import Step
 
 OUTPUTS = ("float32", "uint8", "hwc")
@@ -289,7 +288,7 @@ class ImagePipeline:
         if floor is None and params and self.steps and _region.available():
             box = self.steps[0].decode_region(params[0])
             if box is not None:
-                out = _full_buffer(size, self.channels)
+                out = _scratch.buffer("decoded", (size[0], size[1], self.channels))
                 try:
                     _region.decode(data, self.flag, size, box, out)
                     return out
@@ -303,23 +302,3 @@ class ImagePipeline:
     def __repr__(self) -> str:
         steps = ", ".join(type(s).__name__ for s in self.steps)
         return f"ImagePipeline([{steps}], output={self.output!r}, flag={self.flag})"
-
-
-_scratch = threading.local()
-
-
-_KEEP_BYTES = 16 << 20  # a larger image's buffer is not kept for the next one
-
-
-def _full_buffer(size: Tuple[int, int], channels: int) -> np.ndarray:
-    """A per-thread full-size uint8 HWC buffer for region decodes, reused between images;
-    one for an image over ``_KEEP_BYTES`` is its own, so that a rare huge image leaves no
-    such buffer behind in every worker."""
-    shape = (size[0], size[1], channels)
-    count = shape[0] * shape[1] * shape[2]
-    if count > _KEEP_BYTES:
-        return np.empty(shape, np.uint8)
-    buf = getattr(_scratch, "full", None)
-    if buf is None or buf.size < count:
-        buf = _scratch.full = np.empty(count, np.uint8)
-    return buf[:count].reshape(shape)
