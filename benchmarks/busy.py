@@ -39,18 +39,17 @@ from .background import BACKGROUNDS, background
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
 
+# Variants of ours, each compared with ours in the same round: its option, what it changes
+# (the table's words), and the environment it runs ours with.
+VARIANTS = {
+    "ours-cv2pool": ("--cv2-pool", "OpenCV pool kept", {"SHARDLOADER_CV2_THREADS": "keep"}),
+    "ours-whole": ("--whole-decode", "whole decode", {"SHARDLOADER_REGION_DECODE": "0"}),
+    "ours-opencv-write": ("--opencv-write", "OpenCV's write", {"SHARDLOADER_NATIVE_WRITE": "0"}),
+}
 _LOADERS = {
     "ours": {"loader": "ours", "env": {}},
     "recorditer": {"loader": "recorditer", "env": {}},
-    "ours-cv2pool": {"loader": "ours", "env": {"SHARDLOADER_CV2_THREADS": "keep"}},
-    "ours-whole": {"loader": "ours", "env": {"SHARDLOADER_REGION_DECODE": "0"}},
-    "ours-opencv-write": {"loader": "ours", "env": {"SHARDLOADER_NATIVE_WRITE": "0"}},
-}
-# Variants of ours, each compared with ours in the same round: (its option, what it changes).
-VARIANTS = {
-    "ours-cv2pool": ("--cv2-pool", "OpenCV pool kept"),
-    "ours-whole": ("--whole-decode", "whole decode"),
-    "ours-opencv-write": ("--opencv-write", "OpenCV's write"),
+    **{name: {"loader": "ours", "env": env} for name, (_, _, env) in VARIANTS.items()},
 }
 
 
@@ -188,19 +187,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--background", nargs="+", choices=BACKGROUNDS, default=list(BACKGROUNDS))
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument(
-        "--cv2-pool", action="store_true", help="also run ours with OpenCV's pool kept"
-    )
-    parser.add_argument(
-        "--whole-decode",
-        action="store_true",
-        help="also run ours decoding whole images (SHARDLOADER_REGION_DECODE=0)",
-    )
-    parser.add_argument(
-        "--opencv-write",
-        action="store_true",
-        help="also run ours writing images OpenCV's way (SHARDLOADER_NATIVE_WRITE=0)",
-    )
+    for option, words, env in VARIANTS.values():
+        settings = " ".join(f"{key}={value}" for key, value in env.items())
+        parser.add_argument(
+            option, action="store_true", help=f"also run ours, {words} ({settings})"
+        )
     parser.add_argument("--samples", type=int, help="W5 images (default: all 2,048)")
     parser.add_argument("--rec", help="W5's .rec (default: written under --out/data)")
     parser.add_argument("--out", default=os.path.join(_HERE, "results"), help="results folder")
@@ -210,7 +201,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     rec = args.rec or jpeg_records(os.path.join(args.out, "data"), WORKLOADS["W5"].samples)
     loaders = ["ours", "recorditer"]
-    loaders += [v for v, (flag, _) in VARIANTS.items() if getattr(args, flag[2:].replace("-", "_"))]
+    loaders += [
+        v for v, (option, _, _) in VARIANTS.items() if getattr(args, option[2:].replace("-", "_"))
+    ]
     started = datetime.datetime.now(datetime.timezone.utc)
     results = []
     for name in args.background:
