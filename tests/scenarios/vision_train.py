@@ -5,7 +5,9 @@ The program writes coloured-pattern JPEGs of four classes into an indexed .rec w
 ``ImageRecordDataset(...).transform_first(Compose([RandomResizedCrop, RandomFlipLeftRight,
 ToTensor, Normalize]))`` (the loader fuses the chain: ``stats()['image_path'] == 'fused'``),
 and validates after each epoch through a loader on the exact path (``fuse_transforms=False``),
-whose batches must match the fused path's within one uint8 level. The net must learn.
+whose batches must match the fused path's within one uint8 level: a centre crop, then a
+resize, so the fused validation runs region decode and the one-pass write where they are
+built (a C compiler here means they must be). The net must learn.
 
     python tests/scenarios/vision_train.py --workers inline|thread|process
 """
@@ -80,7 +82,17 @@ def main() -> None:
                 T.Normalize(MEAN, STD),
             ]
         )
-        val_chain = T.Compose([T.Resize(32), T.ToTensor(), T.Normalize(MEAN, STD)])
+        # A crop first: the fused validation decodes only its box (region decode) and writes
+        # each image in one pass where those helpers are built, against Gluon's operators.
+        val_chain = T.Compose(
+            [T.CenterCrop(40), T.Resize(32), T.ToTensor(), T.Normalize(MEAN, STD)]
+        )
+        helpers = vision.native()  # builds them, as the first fused loader would
+        sc.phase(f"compiled helpers: {helpers}")
+        if shutil.which(os.environ.get("CC", "cc")):
+            check(helpers["write"] == "on", f"a C compiler is here, yet {helpers}")
+            if os.path.exists("/usr/include/jpeglib.h"):
+                check(helpers["region_decode"] == "on", f"libjpeg's headers are here: {helpers}")
         kwargs = _common.worker_kwargs(args.workers, args.start_method)
         train_records, val_records = ImageRecordDataset(train_rec), ImageRecordDataset(val_rec)
         train = DataLoader(
@@ -95,6 +107,7 @@ def main() -> None:
         val_fused = DataLoader(val_data, batch_size=BATCH, **kwargs)
         check(train.stats()["image_path"] == "fused", f"train: {train.stats()['image_path']}")
         check(val.stats()["image_path"].startswith("exact"), f"val: {val.stats()['image_path']}")
+        check(val_fused.stats()["image_path"] == "fused", f"{val_fused.stats()['image_path']}")
 
         net = _common.conv_classifier(CLASSES)
         trainer = gluon.Trainer(net.collect_params(), "adam", {"learning_rate": 0.01})
